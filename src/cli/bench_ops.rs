@@ -1,0 +1,356 @@
+//! `wgrad bench ops`: matmul GFLOP/s, elementwise and reduction GB/s, the CPU cost of
+//! recording a dispatch (a 1,000-op chain with one read-back, against the same chain flushed
+//! after every op), and pool reuse over a repeated workload. Prints a table, or `--json`.
+
+use std::time::Instant;
+
+use serde::Serialize;
+use wgrad::kernels::matmul::choose_tile;
+use wgrad::{Device, Result, Tensor};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// One JSON object instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Small sizes only (a smoke run; lavapipe in CI).
+    #[arg(long)]
+    quick: bool,
+    /// Timed repetitions per measurement (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+}
+
+#[derive(Serialize)]
+struct MatmulRow {
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    b_transposed: bool,
+    tile: String,
+    ms: f64,
+    gflops: f64,
+}
+
+#[derive(Serialize)]
+struct BandwidthRow {
+    name: String,
+    elements: usize,
+    ms: f64,
+    gbps: f64,
+}
+
+#[derive(Serialize)]
+struct ChainRow {
+    ops: usize,
+    submits: u64,
+    /// CPU microseconds per recorded op (recording only, for `chain`; recording plus the
+    /// per-op submit, for `eager_chain`).
+    us_per_op: f64,
+    /// Wall time of the whole chain including the read-back.
+    wall_ms: f64,
+}
+
+#[derive(Serialize)]
+struct PoolRow {
+    repeats: usize,
+    buffers_created_first: u64,
+    buffers_created_after_first: u64,
+    hit_rate: f64,
+    peak_bytes_live: u64,
+    bind_groups_created_after_first: u64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    adapter: String,
+    backend: String,
+    matmul: Vec<MatmulRow>,
+    elementwise: Vec<BandwidthRow>,
+    reduction: Vec<BandwidthRow>,
+    chain: ChainRow,
+    eager_chain: ChainRow,
+    pool: PoolRow,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Median milliseconds of `f` (recorded, then synchronized), after one warm-up run.
+fn time_ms(device: &Device, reps: usize, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
+    drop(f()?);
+    device.sync()?;
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        let out = f()?;
+        device.sync()?;
+        times.push(start.elapsed().as_secs_f64() * 1e3);
+        drop(out);
+    }
+    Ok(median(times))
+}
+
+fn bench_matmul(device: &Device, args: &Args) -> Result<Vec<MatmulRow>> {
+    // (m, n, k, batch, b transposed): square, a GPT-2 projection (B*T x C @ C x 4C), its
+    // weight-gradient shape (A^T B, reads through strides), and attention-score batches.
+    let shapes: &[(usize, usize, usize, usize, bool)] = if args.quick {
+        &[
+            (256, 256, 256, 1, false),
+            (255, 257, 129, 1, true),
+            (64, 64, 32, 12, false),
+        ]
+    } else {
+        &[
+            (1024, 1024, 1024, 1, false),
+            (2048, 2048, 2048, 1, false),
+            (4096, 4096, 4096, 1, false),
+            (4096, 3072, 768, 1, false),
+            (768, 3072, 4096, 1, true),
+            (512, 512, 64, 96, false),
+            (1000, 1000, 1000, 1, false),
+        ]
+    };
+    let mut rows = Vec::new();
+    for &(m, n, k, batch, bt) in shapes {
+        let a = Tensor::rand_uniform(device, &[batch, m, k], -1.0, 1.0, 1)?;
+        let b = if bt {
+            Tensor::rand_uniform(device, &[batch, n, k], -1.0, 1.0, 2)?.t()?
+        } else {
+            Tensor::rand_uniform(device, &[batch, k, n], -1.0, 1.0, 2)?
+        };
+        let ms = time_ms(device, args.reps, || a.matmul(&b))?;
+        rows.push(MatmulRow {
+            m,
+            n,
+            k,
+            batch,
+            b_transposed: bt,
+            tile: choose_tile(m, n, batch).name(),
+            ms,
+            gflops: 2.0 * (m * n * k * batch) as f64 / (ms * 1e-3) / 1e9,
+        });
+    }
+    Ok(rows)
+}
+
+fn bench_bandwidth(device: &Device, args: &Args) -> Result<(Vec<BandwidthRow>, Vec<BandwidthRow>)> {
+    let n = if args.quick { 1 << 20 } else { 1 << 26 };
+    let x = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 3)?;
+    let y = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 4)?;
+    let gbps = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+    let mut ew = Vec::new();
+    let ms = time_ms(device, args.reps, || x.add(&y))?;
+    ew.push(BandwidthRow {
+        name: "add (vec4)".into(),
+        elements: n,
+        ms,
+        gbps: gbps(12 * n, ms),
+    });
+    let ms = time_ms(device, args.reps, || x.mul_scalar(2.0))?;
+    ew.push(BandwidthRow {
+        name: "mul_scalar (vec4)".into(),
+        elements: n,
+        ms,
+        gbps: gbps(8 * n, ms),
+    });
+    let rows = 1024;
+    let x2 = x.reshape(&[rows, n / rows])?;
+    let bias = Tensor::rand_uniform(device, &[n / rows], -1.0, 1.0, 5)?;
+    let ms = time_ms(device, args.reps, || x2.add(&bias))?;
+    ew.push(BandwidthRow {
+        name: "add broadcast row (strided)".into(),
+        elements: n,
+        ms,
+        gbps: gbps(8 * n, ms),
+    });
+    let xt = x2.t()?;
+    let ms = time_ms(device, args.reps, || xt.contiguous())?;
+    ew.push(BandwidthRow {
+        name: "transpose copy (strided)".into(),
+        elements: n,
+        ms,
+        gbps: gbps(8 * n, ms),
+    });
+
+    let mut red = Vec::new();
+    let ms = time_ms(device, args.reps, || x.sum_all())?;
+    red.push(BandwidthRow {
+        name: "sum over all".into(),
+        elements: n,
+        ms,
+        gbps: gbps(4 * n, ms),
+    });
+    let ms = time_ms(device, args.reps, || x2.sum(-1, false))?;
+    red.push(BandwidthRow {
+        name: "sum over last axis".into(),
+        elements: n,
+        ms,
+        gbps: gbps(4 * n, ms),
+    });
+    let ms = time_ms(device, args.reps, || x2.max(0, false))?;
+    red.push(BandwidthRow {
+        name: "max over first axis".into(),
+        elements: n,
+        ms,
+        gbps: gbps(4 * n, ms),
+    });
+    let ms = time_ms(device, args.reps, || x2.softmax())?;
+    red.push(BandwidthRow {
+        name: "softmax last axis".into(),
+        elements: n,
+        ms,
+        gbps: gbps(8 * n, ms),
+    });
+    Ok((ew, red))
+}
+
+/// A chain of `ops` small dependent ops ending in one read-back; `eager` flushes after each.
+fn bench_chain(device: &Device, ops: usize, eager: bool) -> Result<ChainRow> {
+    let x = Tensor::rand_uniform(device, &[256], -1.0, 1.0, 6)?;
+    device.sync()?;
+    let before = device.counters();
+    let start = Instant::now();
+    let mut y = x.clone();
+    let mut record_s = 0.0;
+    for i in 0..ops {
+        let t = Instant::now();
+        y = if i % 2 == 0 {
+            y.mul_scalar(0.999)?
+        } else {
+            y.add(&x)?
+        };
+        if eager {
+            device.flush();
+        }
+        record_s += t.elapsed().as_secs_f64();
+    }
+    let _ = y.sum_all()?.item()?;
+    let wall = start.elapsed().as_secs_f64();
+    let c = device.counters() - before;
+    Ok(ChainRow {
+        ops,
+        submits: c.submits,
+        us_per_op: record_s * 1e6 / ops as f64,
+        wall_ms: wall * 1e3,
+    })
+}
+
+/// The same small MLP-like workload, `repeats` times: the pool must serve every repeat after
+/// the first without creating a buffer.
+fn bench_pool(device: &Device, repeats: usize) -> Result<PoolRow> {
+    let w1 = Tensor::rand_normal(device, &[64, 256], 0.0, 0.05, 7)?;
+    let w2 = Tensor::rand_normal(device, &[256, 10], 0.0, 0.05, 8)?;
+    let data: Vec<f32> = (0..32 * 64).map(|i| (i as f32 * 0.37).sin()).collect();
+    device.sync()?;
+    device.reset_pool_counters();
+    let mut first = 0;
+    let mut bind_after_first = 0;
+    for r in 0..repeats {
+        let before = device.pool_stats().buffers_created;
+        let bind_before = device.counters().bind_groups_created;
+        let x = Tensor::from_slice(device, &data, &[32, 64])?;
+        let h = x.matmul(&w1)?.relu()?;
+        let logits = h.matmul(&w2)?;
+        let loss = logits.log_softmax()?.mean_all()?;
+        loss.item()?;
+        if r == 0 {
+            first = device.pool_stats().buffers_created - before;
+        } else {
+            bind_after_first += device.counters().bind_groups_created - bind_before;
+        }
+    }
+    let s = device.pool_stats();
+    Ok(PoolRow {
+        repeats,
+        buffers_created_first: first,
+        buffers_created_after_first: s.buffers_created - first,
+        hit_rate: s.hit_rate(),
+        peak_bytes_live: s.peak_bytes_live,
+        bind_groups_created_after_first: bind_after_first,
+    })
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let device = Device::new()?;
+    let info = device.report();
+    device.warmup();
+    let matmul = bench_matmul(&device, args)?;
+    let (elementwise, reduction) = bench_bandwidth(&device, args)?;
+    let chain = bench_chain(&device, 1000, false)?;
+    let eager_chain = bench_chain(&device, 1000, true)?;
+    let pool = bench_pool(&device, 5)?;
+    let report = Report {
+        adapter: info.adapter,
+        backend: info.backend,
+        matmul,
+        elementwise,
+        reduction,
+        chain,
+        eager_chain,
+        pool,
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("the report serializes")
+        );
+    } else {
+        print_tables(&report);
+    }
+    Ok(())
+}
+
+fn print_tables(r: &Report) {
+    println!("adapter: {} ({})\n", r.adapter, r.backend);
+    println!(
+        "{:>6} {:>6} {:>6} {:>5} {:>4} {:>14} {:>10} {:>10}",
+        "M", "N", "K", "batch", "B^T", "tile", "ms", "GFLOP/s"
+    );
+    for m in &r.matmul {
+        println!(
+            "{:>6} {:>6} {:>6} {:>5} {:>4} {:>14} {:>10.3} {:>10.1}",
+            m.m,
+            m.n,
+            m.k,
+            m.batch,
+            if m.b_transposed { "yes" } else { "no" },
+            m.tile,
+            m.ms,
+            m.gflops
+        );
+    }
+    println!(
+        "\n{:<32} {:>10} {:>10} {:>8}",
+        "elementwise / reduction", "elements", "ms", "GB/s"
+    );
+    for b in r.elementwise.iter().chain(&r.reduction) {
+        println!(
+            "{:<32} {:>10} {:>10.3} {:>8.1}",
+            b.name, b.elements, b.ms, b.gbps
+        );
+    }
+    println!(
+        "\n{:<12} {:>6} {:>8} {:>10} {:>10}",
+        "chain", "ops", "submits", "us/op", "wall ms"
+    );
+    for (name, c) in [("lazy", &r.chain), ("eager", &r.eager_chain)] {
+        println!(
+            "{:<12} {:>6} {:>8} {:>10.2} {:>10.2}",
+            name, c.ops, c.submits, c.us_per_op, c.wall_ms
+        );
+    }
+    let p = &r.pool;
+    println!(
+        "\npool over {} repeats: {} buffers created by the first, {} after it; hit rate {:.1}%; peak {} bytes live; {} bind groups created after the first",
+        p.repeats,
+        p.buffers_created_first,
+        p.buffers_created_after_first,
+        p.hit_rate * 100.0,
+        p.peak_bytes_live,
+        p.bind_groups_created_after_first
+    );
+}

@@ -1,0 +1,231 @@
+//! Adapter choice, features, limits, queue.
+//!
+//! Picks the best adapter (discrete GPU, then integrated, then virtual, then CPU), or the one
+//! the environment names: `WGRAD_BACKEND` (vulkan, metal, dx12) limits the backends searched,
+//! `WGRAD_ADAPTER` picks the first adapter whose name contains the given text (case-insensitive).
+//! `WGRAD_DISABLE_FEATURES` (comma list: subgroups, f16, timestamps, immediates,
+//! cooperative_matrix) turns optional features off, so fallbacks can be tested on any adapter.
+//! The device is created with every useful feature the adapter has and the adapter's own limits.
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+/// Optional features wgrad uses when the adapter has them.
+pub const USEFUL_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
+    .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::TIMESTAMP_QUERY)
+    .union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+    .union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
+    .union(wgpu::Features::IMMEDIATES)
+    .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+
+/// How to choose the adapter; `Default` reads the environment.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceOptions {
+    /// Backends to search (`None`: `WGRAD_BACKEND`, else all native backends).
+    pub backends: Option<wgpu::Backends>,
+    /// A case-insensitive part of the adapter name (`None`: `WGRAD_ADAPTER`).
+    pub adapter_name: Option<String>,
+    /// Features to leave off even when the adapter has them (added to `WGRAD_DISABLE_FEATURES`).
+    pub disable: wgpu::Features,
+}
+
+/// The wgpu device and what it can do.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+    pub cooperative_matrix: Vec<wgpu::CooperativeMatrixProperties>,
+}
+
+impl Gpu {
+    pub fn new(options: &DeviceOptions) -> Result<Gpu> {
+        let backends = match (&options.backends, std::env::var("WGRAD_BACKEND")) {
+            (Some(b), _) => *b,
+            (None, Ok(s)) => wgpu::Backends::from_comma_list(&s),
+            (None, Err(_)) => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+        };
+        let wanted_name = options
+            .adapter_name
+            .clone()
+            .or_else(|| std::env::var("WGRAD_ADAPTER").ok())
+            .map(|s| s.to_lowercase());
+        let disable = options.disable | disabled_from_env();
+
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        if let Some(name) = &wanted_name {
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(name));
+        }
+        adapters.sort_by_key(|a| adapter_rank(a.get_info().device_type));
+        let Some(adapter) = adapters.into_iter().next() else {
+            let detail = match &wanted_name {
+                Some(n) => format!(" whose name contains `{n}` (backends {backends:?})"),
+                None => format!(" (backends {backends:?})"),
+            };
+            return Err(Error::NoAdapter { detail });
+        };
+
+        let info = adapter.get_info();
+        let features = adapter.features() & USEFUL_FEATURES & !disable;
+        let limits = adapter.limits();
+        let cooperative_matrix =
+            if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                adapter.cooperative_matrix_properties()
+            } else {
+                Vec::new()
+            };
+        let experimental_features =
+            if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+                // SAFETY: experimental features are only requested when the adapter reports the
+                // cooperative-matrix feature; the kernels that use it are validated by naga.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            };
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("wgrad"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features,
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::RequestDevice {
+            adapter: info.name.clone(),
+            reason: e.to_string(),
+        })?;
+        device.on_uncaptured_error(std::sync::Arc::new(|e| {
+            // Validation errors are engine bugs; device loss is reported by the next poll.
+            tracing::error!("wgpu: {e}");
+            panic!("wgpu error (an engine bug, please report it): {e}");
+        }));
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            features,
+            limits,
+            cooperative_matrix,
+        })
+    }
+
+    pub fn has(&self, feature: wgpu::Features) -> bool {
+        self.features.contains(feature)
+    }
+
+    /// What `wgrad info` prints.
+    pub fn report(&self) -> AdapterReport {
+        let l = &self.limits;
+        AdapterReport {
+            adapter: self.info.name.clone(),
+            backend: format!("{:?}", self.info.backend).to_lowercase(),
+            device_type: format!("{:?}", self.info.device_type),
+            driver: self.info.driver.clone(),
+            driver_info: self.info.driver_info.clone(),
+            features: USEFUL_FEATURES
+                .iter_names()
+                .filter(|(_, f)| self.features.contains(*f))
+                .map(|(n, _)| n.to_string())
+                .collect(),
+            limits: LimitsReport {
+                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+                max_buffer_size: l.max_buffer_size,
+                max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+                max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+                max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+                max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+                max_immediate_size: l.max_immediate_size,
+                min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
+                min_subgroup_size: self.info.subgroup_min_size,
+                max_subgroup_size: self.info.subgroup_max_size,
+            },
+            cooperative_matrix: self
+                .cooperative_matrix
+                .iter()
+                .map(|p| CoopMatrixShape {
+                    m: p.m_size,
+                    n: p.n_size,
+                    k: p.k_size,
+                    ab: format!("{:?}", p.ab_type).to_lowercase(),
+                    cr: format!("{:?}", p.cr_type).to_lowercase(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn adapter_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+fn disabled_from_env() -> wgpu::Features {
+    let Ok(list) = std::env::var("WGRAD_DISABLE_FEATURES") else {
+        return wgpu::Features::empty();
+    };
+    let mut off = wgpu::Features::empty();
+    for name in list.split(',').map(str::trim) {
+        off |= match name {
+            "subgroups" => wgpu::Features::SUBGROUP,
+            "f16" => wgpu::Features::SHADER_F16,
+            "timestamps" => {
+                wgpu::Features::TIMESTAMP_QUERY
+                    | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+                    | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            }
+            "immediates" => wgpu::Features::IMMEDIATES,
+            "cooperative_matrix" => wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+            _ => wgpu::Features::empty(),
+        };
+    }
+    off
+}
+
+/// The adapter, as `wgrad info --json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct AdapterReport {
+    pub adapter: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub features: Vec<String>,
+    pub limits: LimitsReport,
+    pub cooperative_matrix: Vec<CoopMatrixShape>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LimitsReport {
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_storage_buffers_per_shader_stage: u32,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_immediate_size: u32,
+    pub min_uniform_buffer_offset_alignment: u32,
+    pub min_subgroup_size: u32,
+    pub max_subgroup_size: u32,
+}
+
+/// One cooperative-matrix configuration: M x N x K, operand and accumulator types.
+#[derive(Clone, Debug, Serialize)]
+pub struct CoopMatrixShape {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub ab: String,
+    pub cr: String,
+}

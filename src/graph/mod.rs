@@ -1,0 +1,14 @@
+//! Tensors, the open Segment, and the Device that records into it. Knows nothing of
+//! gradients.
+
+mod layout;
+mod runtime;
+mod segment;
+mod tensor;
+
+pub use layout::{
+    broadcast_shape, coalesce_joint, contiguous_strides, resolve_dim, Layout, MAX_RANK,
+};
+pub use runtime::{Device, Storage, DEFAULT_FLUSH_BOUND};
+pub use segment::Counters;
+pub use tensor::{DType, Tensor};

@@ -1,0 +1,394 @@
+//! `Device`: the handle tensors hold. It owns the GPU, the open Segment, the buffer pools, the
+//! pipeline and bind-group caches, and the counters; ops record into it and return at once.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytemuck::Pod;
+
+use super::segment::{
+    encode, BindGroupCache, BufferRef, Command, Counters, Dispatch, EncodeTargets, Segment,
+};
+use crate::device::{AdapterReport, DeviceOptions, Gpu};
+use crate::error::{Error, Result};
+use crate::kernels::{grid, KernelDesc, PipelineCache, PipelineStats, Spec};
+use crate::memory::{BufferPool, GpuArena, PoolStats, PooledBuffer};
+
+/// Dispatches past which an open Segment is flushed on its own (bounds the parameter arena
+/// and the latency before the GPU starts; a DistilGPT-2 step records a few hundred).
+pub const DEFAULT_FLUSH_BOUND: usize = 4096;
+
+/// A GPU and everything recorded for it. Cheap to clone (a shared handle).
+#[derive(Clone)]
+pub struct Device {
+    rt: Arc<Runtime>,
+}
+
+struct Runtime {
+    gpu: Gpu,
+    state: Mutex<State>,
+}
+
+struct State {
+    pool: BufferPool,
+    read_back_pool: BufferPool,
+    pipelines: PipelineCache,
+    segment: Segment,
+    params_gpu: GpuArena,
+    params_buffer: Option<(wgpu::Buffer, u64)>,
+    uploads_gpu: GpuArena,
+    bind_groups: BindGroupCache,
+    counters: Counters,
+    flush_bound: usize,
+    params_align: usize,
+}
+
+/// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
+pub struct Storage {
+    buf: Option<PooledBuffer>,
+    device: Device,
+    /// Bytes asked for (the buffer may be larger: its size class).
+    pub bytes: u64,
+}
+
+impl Storage {
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    pub(crate) fn buffer_ref(&self) -> BufferRef {
+        let b = self.buf.as_ref().expect("a live Storage holds its buffer");
+        BufferRef {
+            id: b.id,
+            buffer: b.buffer.clone(),
+        }
+    }
+
+    pub fn buffer_id(&self) -> u64 {
+        self.buf
+            .as_ref()
+            .expect("a live Storage holds its buffer")
+            .id
+    }
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Some(buf) = self.buf.take() {
+            // The queue runs recorded work in order, so work recorded after this point may
+            // reuse the buffer even though earlier recorded work still reads it.
+            self.device.state().pool.release(buf);
+        }
+    }
+}
+
+impl Device {
+    /// The best adapter, or the one `WGRAD_BACKEND` / `WGRAD_ADAPTER` name.
+    pub fn new() -> Result<Device> {
+        Device::with_options(&DeviceOptions::default())
+    }
+
+    pub fn with_options(options: &DeviceOptions) -> Result<Device> {
+        let gpu = Gpu::new(options)?;
+        let storage_usage = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        let read_back_usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
+        let state = State {
+            pool: BufferPool::new("wgrad:tensor", storage_usage),
+            read_back_pool: BufferPool::new("wgrad:read_back", read_back_usage),
+            pipelines: PipelineCache::new(
+                gpu.has(wgpu::Features::SUBGROUP),
+                gpu.limits.max_compute_workgroups_per_dimension,
+            ),
+            segment: Segment::default(),
+            // 64 KiB: room for 256 dispatches before the first growth.
+            params_gpu: GpuArena::new("wgrad:params", wgpu::BufferUsages::UNIFORM, 1 << 16),
+            params_buffer: None,
+            uploads_gpu: GpuArena::new("wgrad:uploads", wgpu::BufferUsages::COPY_SRC, 1 << 16),
+            bind_groups: BindGroupCache::default(),
+            counters: Counters::default(),
+            flush_bound: DEFAULT_FLUSH_BOUND,
+            params_align: gpu.limits.min_uniform_buffer_offset_alignment as usize,
+        };
+        Ok(Device {
+            rt: Arc::new(Runtime {
+                gpu,
+                state: Mutex::new(state),
+            }),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while recording leaves nothing half-updated that later calls rely on.
+        self.rt.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.rt.gpu
+    }
+
+    pub fn report(&self) -> AdapterReport {
+        self.rt.gpu.report()
+    }
+
+    pub fn same(&self, other: &Device) -> bool {
+        Arc::ptr_eq(&self.rt, &other.rt)
+    }
+
+    pub fn has_subgroups(&self) -> bool {
+        self.state().pipelines.subgroups()
+    }
+
+    /// Counters since the device was made; subtract two readings for an interval.
+    pub fn counters(&self) -> Counters {
+        self.state().counters
+    }
+
+    pub fn pool_stats(&self) -> PoolStats {
+        self.state().pool.stats()
+    }
+
+    /// Buffers created outside the tensor pool (arenas, read-back buffers) since the start.
+    pub fn other_buffers_created(&self) -> u64 {
+        let s = self.state();
+        s.params_gpu.buffers_created
+            + s.uploads_gpu.buffers_created
+            + s.read_back_pool.stats().buffers_created
+    }
+
+    pub fn pipeline_stats(&self) -> PipelineStats {
+        self.state().pipelines.stats
+    }
+
+    pub fn bind_groups_cached(&self) -> usize {
+        self.state().bind_groups.len()
+    }
+
+    /// Zeroes the pool's running counters (creations, reuses); the peak restarts from now.
+    pub fn reset_pool_counters(&self) {
+        self.state().pool.reset_counters();
+    }
+
+    /// Flushes past this many recorded dispatches.
+    pub fn set_flush_bound(&self, dispatches: usize) {
+        self.state().flush_bound = dispatches.max(1);
+    }
+
+    /// Compiles every kernel variant now, so the first step compiles nothing.
+    pub fn warmup(&self) {
+        let f16 = self.rt.gpu.has(wgpu::Features::SHADER_F16);
+        let mut s = self.state();
+        s.pipelines.warmup(&self.rt.gpu.device, f16);
+    }
+
+    /// Frees every cached (unused) buffer of the pools.
+    pub fn trim(&self) {
+        let mut s = self.state();
+        let mut ids = s.pool.trim();
+        ids.extend(s.read_back_pool.trim());
+        s.bind_groups.forget(&ids);
+    }
+
+    /// Encodes and submits everything recorded so far (nothing if the Segment is empty).
+    pub fn flush(&self) {
+        let mut s = self.state();
+        self.flush_locked(&mut s);
+    }
+
+    /// Flushes and waits until the GPU has finished all submitted work.
+    pub fn sync(&self) -> Result<()> {
+        self.flush();
+        self.rt
+            .gpu
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Device(e.to_string()))?;
+        Ok(())
+    }
+
+    fn flush_locked(&self, s: &mut State) -> Option<wgpu::SubmissionIndex> {
+        if s.segment.is_empty() {
+            return None;
+        }
+        let gpu = &self.rt.gpu;
+        let segment = std::mem::take(&mut s.segment);
+        let st = &mut *s;
+        if !segment.params.is_empty() {
+            let before = st.params_buffer.as_ref().map(|(_, id)| *id);
+            st.params_buffer = st
+                .params_gpu
+                .upload(&gpu.device, &gpu.queue, &segment.params);
+            let after = st.params_buffer.as_ref().map(|(_, id)| *id);
+            if let (Some(old), true) = (before, before != after) {
+                st.bind_groups.forget(&[old]);
+            }
+        }
+        let uploads = if segment.uploads.is_empty() {
+            None
+        } else {
+            st.uploads_gpu
+                .upload(&gpu.device, &gpu.queue, &segment.uploads)
+        };
+        let cmd = encode(
+            &segment,
+            EncodeTargets {
+                device: &gpu.device,
+                params: st.params_buffer.as_ref(),
+                uploads: uploads.as_ref().map(|(b, _)| b),
+                bind_groups: &mut st.bind_groups,
+                counters: &mut st.counters,
+                max_binding: gpu.limits.max_storage_buffer_binding_size,
+            },
+        );
+        let idx = gpu.queue.submit([cmd]);
+        st.counters.submits += 1;
+        // Recycle the host arenas' allocations for the next Segment.
+        let mut segment = segment;
+        segment.commands.clear();
+        segment.params.clear();
+        segment.uploads.clear();
+        segment.dispatches = 0;
+        st.segment = segment;
+        Some(idx)
+    }
+
+    /// A pooled buffer for `bytes` bytes of tensor data; `what` names it in errors.
+    pub(crate) fn alloc(&self, what: &dyn Fn() -> String, bytes: u64) -> Result<Arc<Storage>> {
+        let limit = self.rt.gpu.limits.max_storage_buffer_binding_size;
+        if bytes > limit {
+            return Err(Error::BindingTooLarge {
+                what: what(),
+                bytes,
+                limit,
+            });
+        }
+        let buf = self.state().pool.acquire(&self.rt.gpu.device, bytes);
+        Ok(Arc::new(Storage {
+            buf: Some(buf),
+            device: self.clone(),
+            bytes,
+        }))
+    }
+
+    /// Workgroups covering `groups` linear workgroups within the per-dimension limit.
+    pub(crate) fn grid(&self, groups: u64) -> [u32; 3] {
+        grid(
+            groups,
+            self.rt.gpu.limits.max_compute_workgroups_per_dimension,
+        )
+    }
+
+    /// Appends one dispatch to the open Segment.
+    pub(crate) fn record<P: Pod>(
+        &self,
+        kernel: &'static KernelDesc,
+        spec: &Spec,
+        params: &P,
+        buffers: &[&Storage],
+        groups: [u32; 3],
+    ) {
+        debug_assert_eq!(std::mem::size_of::<P>() as u64, kernel.params_size);
+        debug_assert_eq!(buffers.len(), kernel.storage.len());
+        if groups.contains(&0) {
+            return;
+        }
+        let mut s = self.state();
+        let pipeline = s.pipelines.get(&self.rt.gpu.device, kernel, spec);
+        let align = s.params_align;
+        let params_offset = s.segment.params.push(bytemuck::bytes_of(params), align) as u32;
+        s.segment.commands.push(Command::Dispatch(Dispatch {
+            pipeline,
+            buffers: buffers.iter().map(|b| b.buffer_ref()).collect(),
+            params_offset,
+            groups,
+        }));
+        s.segment.dispatches += 1;
+        s.counters.dispatches += 1;
+        if s.segment.dispatches >= s.flush_bound {
+            self.flush_locked(&mut s);
+        }
+    }
+
+    /// Copies host bytes into `dst` at `offset`, in order with the recorded work (never with a
+    /// `queue.write_buffer` into `dst`, which would run before work recorded earlier).
+    pub(crate) fn upload(&self, dst: &Storage, offset: u64, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        debug_assert_eq!(offset % wgpu::COPY_BUFFER_ALIGNMENT, 0);
+        let size = (data.len() as u64).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        let mut s = self.state();
+        let arena_offset = s
+            .segment
+            .uploads
+            .push(data, wgpu::COPY_BUFFER_ALIGNMENT as usize);
+        if size > data.len() as u64 {
+            let pad = vec![0u8; (size - data.len() as u64) as usize];
+            s.segment.uploads.push(&pad, 1);
+        }
+        let dst = dst.buffer_ref().buffer;
+        s.segment.commands.push(Command::Upload {
+            arena_offset,
+            dst,
+            dst_offset: offset,
+            size,
+        });
+        s.counters.uploads += 1;
+        s.counters.bytes_uploaded += data.len() as u64;
+    }
+
+    /// Flushes, waits, and returns `len` bytes of `src` from byte `offset`.
+    pub(crate) fn read_back(&self, src: &Storage, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let start = offset - offset % wgpu::COPY_BUFFER_ALIGNMENT;
+        let end = (offset + len).next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        let size = end - start;
+        let gpu = &self.rt.gpu;
+        let (staging, idx) = {
+            let mut s = self.state();
+            let staging = s.read_back_pool.acquire(&gpu.device, size);
+            s.segment.commands.push(Command::Copy {
+                src: src.buffer_ref().buffer,
+                src_offset: start,
+                dst: staging.buffer.clone(),
+                dst_offset: 0,
+                size,
+            });
+            s.counters.read_backs += 1;
+            s.counters.bytes_read_back += len;
+            let idx = self
+                .flush_locked(&mut s)
+                .expect("the segment holds the copy");
+            (staging, idx)
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        let slice = staging.buffer.slice(0..size);
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        gpu.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(idx),
+                timeout: None,
+            })
+            .map_err(|e| Error::ReadBack(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| Error::ReadBack(e.to_string()))?
+            .map_err(|e| Error::ReadBack(e.to_string()))?;
+        let skip = (offset - start) as usize;
+        let bytes = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| Error::ReadBack(e.to_string()))?;
+            view[skip..skip + len as usize].to_vec()
+        };
+        staging.buffer.unmap();
+        self.state().read_back_pool.release(staging);
+        Ok(bytes)
+    }
+}

@@ -1,0 +1,254 @@
+//! The open Segment: work recorded since the last flush, and how a flush encodes it.
+//!
+//! Recording appends a `Command` and returns; nothing touches the GPU. A flush writes the
+//! parameter arena and the upload arena with one `queue.write_buffer` each, encodes every
+//! command in order into one command encoder (consecutive dispatches share one compute pass;
+//! uploads and read-back copies sit between passes, in order), and submits once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::kernels::Pipeline;
+use crate::memory::HostArena;
+
+/// A buffer as a command sees it: its id (for the bind-group cache) and a handle that keeps it
+/// alive until the command has run.
+#[derive(Clone, Debug)]
+pub struct BufferRef {
+    pub id: u64,
+    pub buffer: wgpu::Buffer,
+}
+
+pub struct Dispatch {
+    pub pipeline: Arc<Pipeline>,
+    /// Storage bindings 1..=n, in the kernel's order.
+    pub buffers: Vec<BufferRef>,
+    /// Offset of this dispatch's params in the parameter arena.
+    pub params_offset: u32,
+    pub groups: [u32; 3],
+}
+
+pub enum Command {
+    Dispatch(Dispatch),
+    /// Host bytes (at `arena_offset` in the upload arena) copied into `dst`, in order.
+    Upload {
+        arena_offset: u64,
+        dst: wgpu::Buffer,
+        dst_offset: u64,
+        size: u64,
+    },
+    /// A copy between buffers (read-backs into a mappable buffer).
+    Copy {
+        src: wgpu::Buffer,
+        src_offset: u64,
+        dst: wgpu::Buffer,
+        dst_offset: u64,
+        size: u64,
+    },
+}
+
+/// Work recorded since the last flush.
+#[derive(Default)]
+pub struct Segment {
+    pub commands: Vec<Command>,
+    pub params: HostArena,
+    pub uploads: HostArena,
+    pub dispatches: usize,
+}
+
+impl Segment {
+    pub fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+}
+
+/// Counters over the device's lifetime (see `Device::counters`); subtract two readings to
+/// get a step's.
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct Counters {
+    pub dispatches: u64,
+    pub submits: u64,
+    pub compute_passes: u64,
+    pub bind_groups_created: u64,
+    pub uploads: u64,
+    pub bytes_uploaded: u64,
+    pub read_backs: u64,
+    pub bytes_read_back: u64,
+}
+
+impl std::ops::Sub for Counters {
+    type Output = Counters;
+    fn sub(self, o: Counters) -> Counters {
+        Counters {
+            dispatches: self.dispatches - o.dispatches,
+            submits: self.submits - o.submits,
+            compute_passes: self.compute_passes - o.compute_passes,
+            bind_groups_created: self.bind_groups_created - o.bind_groups_created,
+            uploads: self.uploads - o.uploads,
+            bytes_uploaded: self.bytes_uploaded - o.bytes_uploaded,
+            read_backs: self.read_backs - o.read_backs,
+            bytes_read_back: self.bytes_read_back - o.bytes_read_back,
+        }
+    }
+}
+
+/// Key of a cached bind group: layout, parameter arena, and every storage buffer.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct BindKey {
+    layout: u64,
+    params: u64,
+    buffers: [u64; 8],
+}
+
+/// Bind groups by (layout, buffers): pooled buffers come back in the same combinations every
+/// step, so a steady-state step creates none.
+#[derive(Default)]
+pub struct BindGroupCache {
+    groups: HashMap<BindKey, wgpu::BindGroup>,
+}
+
+/// Entries past this many are dropped wholesale (pool churn, not a steady state).
+const BIND_GROUP_CACHE_CAP: usize = 1 << 16;
+
+impl BindGroupCache {
+    /// Drops every bind group that refers to one of `ids` (destroyed buffers).
+    pub fn forget(&mut self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let set: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        self.groups
+            .retain(|k, _| !set.contains(&k.params) && !k.buffers.iter().any(|b| set.contains(b)));
+    }
+
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+}
+
+/// What `encode` needs besides the segment.
+pub struct EncodeTargets<'a> {
+    pub device: &'a wgpu::Device,
+    pub params: Option<&'a (wgpu::Buffer, u64)>,
+    pub uploads: Option<&'a wgpu::Buffer>,
+    pub bind_groups: &'a mut BindGroupCache,
+    pub counters: &'a mut Counters,
+    /// The adapter's max_storage_buffer_binding_size: a pooled buffer may be larger than the
+    /// tensor (its size class), so bindings are capped to it.
+    pub max_binding: u64,
+}
+
+/// Encodes every command of `segment` in order into one command buffer.
+pub fn encode(segment: &Segment, t: EncodeTargets<'_>) -> wgpu::CommandBuffer {
+    let mut encoder = t
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("wgrad:segment"),
+        });
+    let mut i = 0;
+    let cmds = &segment.commands;
+    while i < cmds.len() {
+        match &cmds[i] {
+            Command::Dispatch(_) => {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("wgrad:pass"),
+                    timestamp_writes: None,
+                });
+                t.counters.compute_passes += 1;
+                let mut last_pipeline: *const Pipeline = std::ptr::null();
+                while let Some(Command::Dispatch(d)) = cmds.get(i) {
+                    let (params, params_id) =
+                        t.params.expect("a segment with dispatches has params");
+                    let bg = bind_group(
+                        t.device,
+                        t.bind_groups,
+                        t.counters,
+                        d,
+                        (params, *params_id),
+                        t.max_binding,
+                    );
+                    if !std::ptr::eq(last_pipeline, Arc::as_ptr(&d.pipeline)) {
+                        pass.set_pipeline(&d.pipeline.pipeline);
+                        last_pipeline = Arc::as_ptr(&d.pipeline);
+                    }
+                    pass.set_bind_group(0, bg, &[d.params_offset]);
+                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                    i += 1;
+                }
+            }
+            Command::Upload {
+                arena_offset,
+                dst,
+                dst_offset,
+                size,
+            } => {
+                let src = t
+                    .uploads
+                    .expect("a segment with uploads has an upload arena");
+                encoder.copy_buffer_to_buffer(src, *arena_offset, dst, *dst_offset, *size);
+                i += 1;
+            }
+            Command::Copy {
+                src,
+                src_offset,
+                dst,
+                dst_offset,
+                size,
+            } => {
+                encoder.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *size);
+                i += 1;
+            }
+        }
+    }
+    encoder.finish()
+}
+
+fn bind_group<'c>(
+    device: &wgpu::Device,
+    cache: &'c mut BindGroupCache,
+    counters: &mut Counters,
+    d: &Dispatch,
+    (params, params_id): (&wgpu::Buffer, u64),
+    max_binding: u64,
+) -> &'c wgpu::BindGroup {
+    let layout = &d.pipeline.layout;
+    let mut key = BindKey {
+        layout: layout.id,
+        params: params_id,
+        buffers: [0; 8],
+    };
+    for (k, b) in key.buffers.iter_mut().zip(&d.buffers) {
+        *k = b.id;
+    }
+    if cache.groups.len() >= BIND_GROUP_CACHE_CAP && !cache.groups.contains_key(&key) {
+        cache.groups.clear();
+    }
+    cache.groups.entry(key).or_insert_with(|| {
+        counters.bind_groups_created += 1;
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: params,
+                offset: 0,
+                size: wgpu::BufferSize::new(layout.params_size),
+            }),
+        }];
+        for (i, b) in d.buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &b.buffer,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(b.buffer.size().min(max_binding)),
+                }),
+            });
+        }
+        device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(d.pipeline.label),
+            layout: &layout.layout,
+            entries: &entries,
+        })
+    })
+}

@@ -1,0 +1,148 @@
+//! `Tensor`: a view (Layout) over pooled storage on a Device. Cloning a Tensor is cheap and
+//! shares the storage; the buffer goes back to the pool when the last view drops.
+
+use std::sync::Arc;
+
+use super::layout::Layout;
+use super::runtime::{Device, Storage};
+use crate::error::{Error, Result};
+
+/// Element types. f32 is the engine's type; f16 is ready for mixed precision; u32 holds
+/// indices (token ids, gather indices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    U32,
+}
+
+impl DType {
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 | DType::U32 => 4,
+            DType::F16 => 2,
+        }
+    }
+
+    pub fn wgsl(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::U32 => "u32",
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Tensor(Arc<TensorInner>);
+
+struct TensorInner {
+    layout: Layout,
+    dtype: DType,
+    storage: Arc<Storage>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {:?})", self.shape(), self.dtype())
+    }
+}
+
+impl Tensor {
+    /// A view of `storage` (internal: ops build tensors this way).
+    pub(crate) fn from_parts(storage: Arc<Storage>, layout: Layout, dtype: DType) -> Tensor {
+        Tensor(Arc::new(TensorInner {
+            layout,
+            dtype,
+            storage,
+        }))
+    }
+
+    /// A contiguous tensor with uninitialized contents (a pooled buffer is not zeroed).
+    pub(crate) fn uninit(
+        device: &Device,
+        shape: &[usize],
+        dtype: DType,
+        op: &'static str,
+    ) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        let bytes = (numel * dtype.size()) as u64;
+        let storage = device.alloc(
+            &|| format!("{op}: output of shape {shape:?} ({dtype:?})"),
+            bytes,
+        )?;
+        Ok(Tensor::from_parts(
+            storage,
+            Layout::contiguous(shape),
+            dtype,
+        ))
+    }
+
+    /// A new view over the same storage.
+    pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
+        Tensor::from_parts(self.0.storage.clone(), layout, self.0.dtype)
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.0.layout.shape
+    }
+
+    pub fn strides(&self) -> &[usize] {
+        &self.0.layout.strides
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.0.layout
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.0.dtype
+    }
+
+    pub fn rank(&self) -> usize {
+        self.0.layout.rank()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.0.layout.numel()
+    }
+
+    pub fn dims(&self) -> &[usize] {
+        self.shape()
+    }
+
+    pub fn is_contiguous(&self) -> bool {
+        self.0.layout.is_contiguous()
+    }
+
+    pub fn device(&self) -> &Device {
+        self.0.storage.device()
+    }
+
+    pub fn storage(&self) -> &Storage {
+        &self.0.storage
+    }
+
+    /// Whether two tensors share storage (views of one buffer).
+    pub fn same_storage(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.0.storage, &other.0.storage)
+    }
+
+    pub(crate) fn expect_dtype(&self, op: &'static str, dtype: DType) -> Result<()> {
+        if self.dtype() != dtype {
+            return Err(Error::DTypeMismatch {
+                op,
+                expected: dtype,
+                got: self.dtype(),
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn expect_same_device(&self, op: &'static str, other: &Tensor) -> Result<()> {
+        if !self.device().same(other.device()) {
+            return Err(Error::DeviceMismatch { op });
+        }
+        Ok(())
+    }
+}

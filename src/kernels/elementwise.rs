@@ -1,0 +1,176 @@
+//! Launchers of `wgsl/elementwise.wgsl`: unary and scalar ops, binary ops with broadcasting,
+//! compare, where, fill.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Access, Family, KernelDesc, Spec};
+
+pub static FAMILY: Family = Family {
+    name: "elementwise",
+    source: include_str!("../../wgsl/elementwise.wgsl"),
+    workgroup_reduce: false,
+};
+
+/// Mirrors `Params` in elementwise.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct ElementwiseParams {
+    pub numel: u32,
+    pub rank: u32,
+    pub scalar: f32,
+    pub scalar2: f32,
+    pub shape: [u32; 8],
+    pub a_strides: [u32; 8],
+    pub b_strides: [u32; 8],
+    pub c_strides: [u32; 8],
+    /// Element offsets of a, b, c and out.
+    pub offsets: [u32; 4],
+}
+
+const PARAMS: u64 = std::mem::size_of::<ElementwiseParams>() as u64;
+
+pub static UNARY: KernelDesc = KernelDesc {
+    name: "unary",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read],
+    params_size: PARAMS,
+};
+pub static BINARY: KernelDesc = KernelDesc {
+    name: "binary",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read, Access::Read],
+    params_size: PARAMS,
+};
+pub static WHERE: KernelDesc = KernelDesc {
+    name: "select_where",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read, Access::Read, Access::Read],
+    params_size: PARAMS,
+};
+pub static FILL: KernelDesc = KernelDesc {
+    name: "fill",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite],
+    params_size: PARAMS,
+};
+
+/// Threads per workgroup (`WG` in the shader).
+pub const WORKGROUP: u64 = 256;
+
+/// Unary ops and ops with scalar operands: the `OP` codes of `unary_op`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    Copy = 0,
+    Neg = 1,
+    Exp = 2,
+    Log = 3,
+    Sqrt = 4,
+    Rsqrt = 5,
+    Abs = 6,
+    Relu = 7,
+    Tanh = 8,
+    Sigmoid = 9,
+    Gelu = 10,
+    Sin = 11,
+    Cos = 12,
+    Square = 13,
+    Recip = 14,
+    AddScalar = 20,
+    MulScalar = 21,
+    PowScalar = 22,
+    MaxScalar = 23,
+    MinScalar = 24,
+    RsubScalar = 25,
+    RdivScalar = 26,
+    Clamp = 27,
+    Affine = 28,
+}
+
+impl UnaryOp {
+    pub const ALL: [UnaryOp; 24] = [
+        UnaryOp::Copy,
+        UnaryOp::Neg,
+        UnaryOp::Exp,
+        UnaryOp::Log,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Abs,
+        UnaryOp::Relu,
+        UnaryOp::Tanh,
+        UnaryOp::Sigmoid,
+        UnaryOp::Gelu,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Square,
+        UnaryOp::Recip,
+        UnaryOp::AddScalar,
+        UnaryOp::MulScalar,
+        UnaryOp::PowScalar,
+        UnaryOp::MaxScalar,
+        UnaryOp::MinScalar,
+        UnaryOp::RsubScalar,
+        UnaryOp::RdivScalar,
+        UnaryOp::Clamp,
+        UnaryOp::Affine,
+    ];
+}
+
+/// Binary ops and comparisons (comparisons give 1.0 or 0.0): the `OP` codes of `binary_op`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add = 0,
+    Sub = 1,
+    Mul = 2,
+    Div = 3,
+    Max = 4,
+    Min = 5,
+    Pow = 6,
+    Eq = 10,
+    Ne = 11,
+    Lt = 12,
+    Le = 13,
+    Gt = 14,
+    Ge = 15,
+}
+
+impl BinaryOp {
+    pub const ALL: [BinaryOp; 13] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Max,
+        BinaryOp::Min,
+        BinaryOp::Pow,
+        BinaryOp::Eq,
+        BinaryOp::Ne,
+        BinaryOp::Lt,
+        BinaryOp::Le,
+        BinaryOp::Gt,
+        BinaryOp::Ge,
+    ];
+}
+
+/// The specialization of an elementwise kernel: op code, and either the vectorized contiguous
+/// path (`vec4`) or the strided scalar path.
+pub fn spec(op: u32, vec4: bool) -> Spec {
+    Spec::new()
+        .u32("OP", op)
+        .ty("V", if vec4 { "vec4<f32>" } else { "f32" })
+        .bool("STRIDED", !vec4)
+}
+
+pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
+    let mut v = Vec::new();
+    for vec4 in [false, true] {
+        for op in UnaryOp::ALL {
+            v.push((&UNARY, spec(op as u32, vec4)));
+        }
+        for op in BinaryOp::ALL {
+            v.push((&BINARY, spec(op as u32, vec4)));
+        }
+        v.push((&WHERE, spec(0, vec4)));
+        v.push((&FILL, spec(0, vec4)));
+    }
+    v
+}

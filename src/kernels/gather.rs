@@ -1,0 +1,40 @@
+//! Launcher of `wgsl/gather.wgsl`: index_select along one axis (embedding lookup).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Access, Family, KernelDesc, Spec};
+
+pub static FAMILY: Family = Family {
+    name: "gather",
+    source: include_str!("../../wgsl/gather.wgsl"),
+    workgroup_reduce: false,
+};
+
+/// Mirrors `Params` in gather.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct GatherParams {
+    pub numel: u32,
+    pub rank: u32,
+    pub dim: u32,
+    pub src_len: u32,
+    pub in_offset: u32,
+    pub idx_offset: u32,
+    pub idx_stride: u32,
+    pub _pad: u32,
+    pub shape: [u32; 8],
+    pub strides: [u32; 8],
+}
+
+pub static INDEX_SELECT: KernelDesc = KernelDesc {
+    name: "index_select",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read, Access::Read],
+    params_size: std::mem::size_of::<GatherParams>() as u64,
+};
+
+pub const WORKGROUP: u64 = 256;
+
+pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
+    vec![(&INDEX_SELECT, Spec::new())]
+}

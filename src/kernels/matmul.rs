@@ -1,0 +1,119 @@
+//! Launcher of `wgsl/matmul.wgsl`: batched matmul with strided (transposable) operands,
+//! workgroup-memory tiling and register blocking; the tile is chosen from the shape.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Access, Family, KernelDesc, Spec};
+
+pub static FAMILY: Family = Family {
+    name: "matmul",
+    source: include_str!("../../wgsl/matmul.wgsl"),
+    workgroup_reduce: false,
+};
+
+/// Mirrors `Params` in matmul.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct MatmulParams {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub batch: u32,
+    pub a_off: u32,
+    pub a_bs: u32,
+    pub a_ms: u32,
+    pub a_ks: u32,
+    pub b_off: u32,
+    pub b_bs: u32,
+    pub b_ks: u32,
+    pub b_ns: u32,
+    pub c_off: u32,
+    pub c_bs: u32,
+    pub _pad: [u32; 2],
+}
+
+pub static MATMUL: KernelDesc = KernelDesc {
+    name: "matmul",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read, Access::Read],
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
+/// A workgroup tile: BM x BN outputs, K staged BK at a time, TM x TN per lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tile {
+    pub bm: u32,
+    pub bn: u32,
+    pub bk: u32,
+    pub tm: u32,
+    pub tn: u32,
+}
+
+impl Tile {
+    pub const fn lanes(&self) -> u32 {
+        (self.bm / self.tm) * (self.bn / self.tn)
+    }
+
+    /// Workgroup memory the tile stages per step of K.
+    pub const fn workgroup_bytes(&self) -> u32 {
+        4 * self.bk * (self.bm + self.bn)
+    }
+
+    pub fn name(&self) -> String {
+        format!(
+            "{}x{}x{}/{}x{}",
+            self.bm, self.bn, self.bk, self.tm, self.tn
+        )
+    }
+}
+
+/// The tiles the engine chooses among (each 256 lanes, at most 8 KiB of workgroup memory,
+/// under WebGPU's 16 KiB default).
+pub const TILES: [Tile; 3] = [
+    Tile {
+        bm: 64,
+        bn: 64,
+        bk: 16,
+        tm: 4,
+        tn: 4,
+    },
+    Tile {
+        bm: 32,
+        bn: 32,
+        bk: 16,
+        tm: 2,
+        tn: 2,
+    },
+    Tile {
+        bm: 16,
+        bn: 16,
+        bk: 16,
+        tm: 1,
+        tn: 1,
+    },
+];
+
+/// The tile for an (M, N) output of `batch` matrices: the largest one that still gives the
+/// GPU enough workgroups (at least 64) to spread over its cores.
+pub fn choose_tile(m: usize, n: usize, batch: usize) -> Tile {
+    let groups = |t: &Tile| m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize) * batch;
+    for t in &TILES[..TILES.len() - 1] {
+        if groups(t) >= 64 && m >= t.bm as usize / 2 && n >= t.bn as usize / 2 {
+            return *t;
+        }
+    }
+    TILES[TILES.len() - 1]
+}
+
+pub fn spec(t: Tile) -> Spec {
+    Spec::new()
+        .u32("BM", t.bm)
+        .u32("BN", t.bn)
+        .u32("BK", t.bk)
+        .u32("TM", t.tm)
+        .u32("TN", t.tn)
+}
+
+pub fn variants(_f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
+    TILES.iter().map(|t| (&MATMUL, spec(*t))).collect()
+}

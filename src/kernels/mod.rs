@@ -1,0 +1,327 @@
+//! Kernels as named values.
+//!
+//! Each WGSL family (`wgsl/<family>.wgsl`) has a launcher module here holding one typed
+//! descriptor per entry point: its name (entry point and label), its storage bindings (the
+//! "function signature" of the shader), and a `#[repr(C)]` params struct mirrored in WGSL.
+//! Binding 0 of every kernel is that params struct, a uniform read at a dynamic offset in the
+//! per-flush parameter arena; storage bindings follow from 1 in the order the descriptor lists.
+//!
+//! A specialization (`Spec`) is a set of WGSL constants and type aliases prepended to the family
+//! source (`const OP: u32 = 3u;`, `alias V = vec4<f32>;`), so every variant is an ordinary
+//! module that naga validates and translates on its own. Pipelines are cached by
+//! (kernel, specialization) and can all be compiled ahead with `PipelineCache::warmup`.
+
+pub mod elementwise;
+pub mod gather;
+pub mod matmul;
+pub mod random;
+pub mod reduce;
+pub mod softmax;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+/// How a kernel's storage binding is accessed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Access {
+    Read,
+    ReadWrite,
+}
+
+/// One WGSL source file.
+pub struct Family {
+    pub name: &'static str,
+    pub source: &'static str,
+    /// Whether the source calls the workgroup reductions (`wg_sum`, `wg_max`), which are
+    /// prepended in their subgroup or their workgroup-memory form.
+    pub workgroup_reduce: bool,
+}
+
+/// One entry point of a family: what a pipeline is made from.
+pub struct KernelDesc {
+    pub name: &'static str,
+    pub family: &'static Family,
+    /// Storage bindings 1..=n (binding 0 is the params uniform).
+    pub storage: &'static [Access],
+    /// `size_of` the params struct (a multiple of 16, as WGSL lays out uniforms).
+    pub params_size: u64,
+}
+
+impl KernelDesc {
+    fn key(&'static self) -> usize {
+        self as *const KernelDesc as usize
+    }
+}
+
+/// A value of a specialization constant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SpecValue {
+    U32(u32),
+    Bool(bool),
+    /// A WGSL type, declared as `alias NAME = type;`.
+    Type(&'static str),
+}
+
+/// WGSL constants and aliases that select one variant of a kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Spec(pub Vec<(&'static str, SpecValue)>);
+
+impl Spec {
+    pub fn new() -> Spec {
+        Spec(Vec::new())
+    }
+
+    pub fn u32(mut self, name: &'static str, v: u32) -> Spec {
+        self.0.push((name, SpecValue::U32(v)));
+        self
+    }
+
+    pub fn bool(mut self, name: &'static str, v: bool) -> Spec {
+        self.0.push((name, SpecValue::Bool(v)));
+        self
+    }
+
+    pub fn ty(mut self, name: &'static str, v: &'static str) -> Spec {
+        self.0.push((name, SpecValue::Type(v)));
+        self
+    }
+
+    /// A short text for labels: `OP=3,V=vec4<f32>`.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        for (i, (name, v)) in self.0.iter().enumerate() {
+            if i > 0 {
+                s.push(',');
+            }
+            let _ = match v {
+                SpecValue::U32(x) => write!(s, "{name}={x}"),
+                SpecValue::Bool(x) => write!(s, "{name}={x}"),
+                SpecValue::Type(x) => write!(s, "{name}={x}"),
+            };
+        }
+        s
+    }
+}
+
+const REDUCE_SUBGROUP: &str = include_str!("../../wgsl/workgroup_reduce_subgroup.wgsl");
+const REDUCE_TREE: &str = include_str!("../../wgsl/workgroup_reduce_tree.wgsl");
+
+/// The complete WGSL of one kernel variant: enables, constants, helpers, then the family.
+pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
+    let mut src = String::new();
+    let uses_f16 = spec
+        .0
+        .iter()
+        .any(|(_, v)| matches!(v, SpecValue::Type(t) if t.contains("f16")));
+    if uses_f16 {
+        src.push_str("enable f16;\n");
+    }
+    // naga 30 takes subgroup builtins without `enable subgroups;` (it rejects the directive
+    // as not yet implemented); the device feature is what allows them.
+    for (name, v) in &spec.0 {
+        let _ = match v {
+            SpecValue::U32(x) => writeln!(src, "const {name}: u32 = {x}u;"),
+            SpecValue::Bool(x) => writeln!(src, "const {name}: bool = {x};"),
+            SpecValue::Type(x) => writeln!(src, "alias {name} = {x};"),
+        };
+    }
+    if family.workgroup_reduce {
+        src.push_str(if subgroups {
+            REDUCE_SUBGROUP
+        } else {
+            REDUCE_TREE
+        });
+    }
+    src.push_str(family.source);
+    src
+}
+
+/// The bind-group layout of a kernel (shared by every kernel with the same signature).
+pub struct BindLayout {
+    pub id: u64,
+    pub layout: wgpu::BindGroupLayout,
+    pub pipeline_layout: wgpu::PipelineLayout,
+    pub params_size: u64,
+    pub storage: &'static [Access],
+}
+
+/// A compiled kernel variant.
+pub struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: Arc<BindLayout>,
+    pub label: &'static str,
+    /// The workgroup-count limit per grid dimension, for `grid`.
+    pub max_groups: u32,
+}
+
+/// Counters of the pipeline cache.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PipelineStats {
+    pub pipelines_compiled: u64,
+    pub compile_ms: f64,
+}
+
+pub struct PipelineCache {
+    subgroups: bool,
+    max_groups: u32,
+    pipelines: HashMap<(usize, Spec), Arc<Pipeline>>,
+    layouts: HashMap<(&'static [Access], u64), Arc<BindLayout>>,
+    next_layout_id: u64,
+    pub stats: PipelineStats,
+}
+
+impl PipelineCache {
+    pub fn new(subgroups: bool, max_groups: u32) -> PipelineCache {
+        PipelineCache {
+            subgroups,
+            max_groups,
+            pipelines: HashMap::new(),
+            layouts: HashMap::new(),
+            next_layout_id: 1,
+            stats: PipelineStats::default(),
+        }
+    }
+
+    pub fn subgroups(&self) -> bool {
+        self.subgroups
+    }
+
+    /// The pipeline of `kernel` specialized by `spec`, compiled on first use.
+    pub fn get(
+        &mut self,
+        device: &wgpu::Device,
+        kernel: &'static KernelDesc,
+        spec: &Spec,
+    ) -> Arc<Pipeline> {
+        if let Some(p) = self.pipelines.get(&(kernel.key(), spec.clone())) {
+            return p.clone();
+        }
+        let start = std::time::Instant::now();
+        let layout = self.layout(device, kernel);
+        let source = compose_source(kernel.family, spec, self.subgroups);
+        let label = kernel.name;
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: Some(&layout.pipeline_layout),
+            module: &module,
+            entry_point: Some(kernel.name),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[],
+                // Every kernel writes its workgroup memory before reading it.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        self.stats.pipelines_compiled += 1;
+        self.stats.compile_ms += start.elapsed().as_secs_f64() * 1e3;
+        let p = Arc::new(Pipeline {
+            pipeline,
+            layout,
+            label,
+            max_groups: self.max_groups,
+        });
+        self.pipelines
+            .insert((kernel.key(), spec.clone()), p.clone());
+        p
+    }
+
+    fn layout(&mut self, device: &wgpu::Device, kernel: &KernelDesc) -> Arc<BindLayout> {
+        let key = (kernel.storage, kernel.params_size);
+        if let Some(l) = self.layouts.get(&key) {
+            return l.clone();
+        }
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: wgpu::BufferSize::new(kernel.params_size),
+            },
+            count: None,
+        }];
+        for (i, access) in kernel.storage.iter().enumerate() {
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: *access == Access::Read,
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(kernel.name),
+            entries: &entries,
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(kernel.name),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let l = Arc::new(BindLayout {
+            id: self.next_layout_id,
+            layout,
+            pipeline_layout,
+            params_size: kernel.params_size,
+            storage: kernel.storage,
+        });
+        self.next_layout_id += 1;
+        self.layouts.insert(key, l.clone());
+        l
+    }
+
+    /// Compiles every variant the engine uses, so step 0 compiles nothing.
+    pub fn warmup(&mut self, device: &wgpu::Device, f16: bool) {
+        for (kernel, spec) in all_variants(f16) {
+            self.get(device, kernel, &spec);
+        }
+    }
+}
+
+/// Every (kernel, specialization) the engine dispatches: compiled by `warmup`, translated to
+/// MSL and HLSL by the portability test.
+pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
+    let mut v = Vec::new();
+    v.extend(elementwise::variants());
+    v.extend(reduce::variants());
+    v.extend(softmax::variants());
+    v.extend(matmul::variants(f16));
+    v.extend(gather::variants());
+    v.extend(random::variants());
+    v
+}
+
+/// Workgroups `[x, y, 1]` covering `groups` linear workgroups; kernels read their linear index
+/// as `wid.y * nwg.x + wid.x` and skip past the end (the per-dimension limit is 65,535 on most
+/// adapters).
+pub fn grid(groups: u64, max_per_dim: u32) -> [u32; 3] {
+    let max = max_per_dim as u64;
+    if groups <= max {
+        return [groups as u32, 1, 1];
+    }
+    let y = groups.div_ceil(max);
+    let x = groups.div_ceil(y);
+    [x as u32, y as u32, 1]
+}
+
+/// Packs up to 8 dims (shape or strides) as two `vec4<u32>`, the uniform layout WGSL needs
+/// for an array.
+pub fn pack8(values: &[usize]) -> [u32; 8] {
+    let mut out = [0u32; 8];
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = *v as u32;
+    }
+    out
+}

@@ -1,0 +1,66 @@
+//! Launchers of `wgsl/reduce.wgsl`: sum, mean, max, min over one axis or over everything.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Access, Family, KernelDesc, Spec};
+
+pub static FAMILY: Family = Family {
+    name: "reduce",
+    source: include_str!("../../wgsl/reduce.wgsl"),
+    workgroup_reduce: true,
+};
+
+/// Mirrors `Params` in reduce.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct ReduceParams {
+    pub out_numel: u32,
+    pub reduce_len: u32,
+    pub reduce_stride: u32,
+    pub rank: u32,
+    pub in_offset: u32,
+    pub scale: f32,
+    pub n_groups: u32,
+    pub numel: u32,
+    pub shape: [u32; 8],
+    pub strides: [u32; 8],
+}
+
+const PARAMS: u64 = std::mem::size_of::<ReduceParams>() as u64;
+
+pub static REDUCE_AXIS: KernelDesc = KernelDesc {
+    name: "reduce_axis",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read],
+    params_size: PARAMS,
+};
+pub static REDUCE_PARTIAL: KernelDesc = KernelDesc {
+    name: "reduce_partial",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read],
+    params_size: PARAMS,
+};
+
+/// Lanes per workgroup (`RED_WG`).
+pub const WORKGROUP: u64 = 256;
+
+/// The fold (`OP` in the shader); a mean is a sum with `scale = 1 / len`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum = 0,
+    Max = 1,
+    Min = 2,
+}
+
+pub fn spec(op: ReduceOp) -> Spec {
+    Spec::new().u32("OP", op as u32)
+}
+
+pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
+    let mut v = Vec::new();
+    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+        v.push((&REDUCE_AXIS, spec(op)));
+        v.push((&REDUCE_PARTIAL, spec(op)));
+    }
+    v
+}

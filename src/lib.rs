@@ -1,0 +1,16 @@
+//! wgrad: a training engine for small transformers on any GPU that wgpu reaches.
+//!
+//! Ops record into a lazy Segment and return at once; a flush encodes the Segment into one
+//! compute pass and one `queue.submit` over pooled buffers. See DESIGN.md for the layers:
+//! `device` -> `memory` -> `kernels` -> `graph` -> `ops`.
+
+pub mod device;
+pub mod error;
+pub mod graph;
+pub mod kernels;
+pub mod memory;
+pub mod ops;
+
+pub use device::DeviceOptions;
+pub use error::{Error, Result};
+pub use graph::{Counters, DType, Device, Tensor};

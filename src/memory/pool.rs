@@ -1,0 +1,172 @@
+//! Size-class buffer pool.
+//!
+//! Requests round up to a size class (four classes per power of two, 256 bytes at least), so a
+//! buffer freed by one tensor fits the next request of a similar size. A buffer comes back the
+//! moment its last owner drops; the queue runs recorded work in order, so a dispatch recorded
+//! later may reuse it even inside the open Segment. Host uploads never write into a buffer with
+//! `queue.write_buffer` (which would run before earlier recorded work): they go through the
+//! encoder in order (see `GpuArena` and `graph::segment`).
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::next_buffer_id;
+
+/// Smallest class: below this the class count only grows, and 256 bytes is the usual
+/// storage-offset alignment anyway.
+const MIN_CLASS_BYTES: u64 = 256;
+/// Classes per power of two (sizes 1, 1.25, 1.5, 1.75 times 2^k): at most 25% waste.
+const CLASSES_PER_OCTAVE: u64 = 4;
+
+/// The size a request of `bytes` is rounded up to.
+pub fn size_class(bytes: u64) -> u64 {
+    if bytes <= MIN_CLASS_BYTES {
+        return MIN_CLASS_BYTES;
+    }
+    let octave = 63 - bytes.leading_zeros() as u64; // 2^octave <= bytes < 2^(octave+1)
+    let base = 1u64 << octave;
+    let step = base / CLASSES_PER_OCTAVE;
+    bytes.div_ceil(step) * step
+}
+
+/// A buffer owned by the pool's client; give it back with `BufferPool::release`.
+#[derive(Clone, Debug)]
+pub struct PooledBuffer {
+    pub buffer: wgpu::Buffer,
+    pub id: u64,
+    /// The class size (what was allocated), at least what was asked for.
+    pub size: u64,
+}
+
+/// Counters since the pool was made (or since `reset_counters`).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct PoolStats {
+    /// `create_buffer` calls.
+    pub buffers_created: u64,
+    /// Requests served from the free lists.
+    pub reuses: u64,
+    /// All requests (`reuses + buffers_created`).
+    pub requests: u64,
+    /// Bytes held by live buffers (handed out, not yet released).
+    pub bytes_live: u64,
+    /// Bytes held in the free lists.
+    pub bytes_cached: u64,
+    /// The most `bytes_live` has been.
+    pub peak_bytes_live: u64,
+    /// Buffers destroyed by `trim`.
+    pub buffers_destroyed: u64,
+}
+
+impl PoolStats {
+    /// Share of requests served without creating a buffer.
+    pub fn hit_rate(&self) -> f64 {
+        if self.requests == 0 {
+            return 1.0;
+        }
+        self.reuses as f64 / self.requests as f64
+    }
+}
+
+pub struct BufferPool {
+    label: &'static str,
+    usage: wgpu::BufferUsages,
+    free: HashMap<u64, Vec<PooledBuffer>>,
+    stats: PoolStats,
+}
+
+impl BufferPool {
+    pub fn new(label: &'static str, usage: wgpu::BufferUsages) -> BufferPool {
+        BufferPool {
+            label,
+            usage,
+            free: HashMap::new(),
+            stats: PoolStats::default(),
+        }
+    }
+
+    /// A buffer of at least `bytes`, from the free list of its class or newly created.
+    pub fn acquire(&mut self, device: &wgpu::Device, bytes: u64) -> PooledBuffer {
+        let size = size_class(bytes);
+        self.stats.requests += 1;
+        let buf = match self.free.get_mut(&size).and_then(Vec::pop) {
+            Some(buf) => {
+                self.stats.reuses += 1;
+                self.stats.bytes_cached -= size;
+                buf
+            }
+            None => {
+                self.stats.buffers_created += 1;
+                PooledBuffer {
+                    buffer: device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(self.label),
+                        size,
+                        usage: self.usage,
+                        mapped_at_creation: false,
+                    }),
+                    id: next_buffer_id(),
+                    size,
+                }
+            }
+        };
+        self.stats.bytes_live += size;
+        self.stats.peak_bytes_live = self.stats.peak_bytes_live.max(self.stats.bytes_live);
+        buf
+    }
+
+    /// Returns a buffer to its free list.
+    pub fn release(&mut self, buf: PooledBuffer) {
+        self.stats.bytes_live -= buf.size;
+        self.stats.bytes_cached += buf.size;
+        self.free.entry(buf.size).or_default().push(buf);
+    }
+
+    /// Destroys every cached buffer; returns the ids destroyed (their bind groups are stale).
+    pub fn trim(&mut self) -> Vec<u64> {
+        let mut ids = Vec::new();
+        for (_, list) in self.free.drain() {
+            for buf in list {
+                buf.buffer.destroy();
+                ids.push(buf.id);
+            }
+        }
+        self.stats.buffers_destroyed += ids.len() as u64;
+        self.stats.bytes_cached = 0;
+        ids
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.stats
+    }
+
+    /// Zeroes the running counters (not bytes live or cached); the peak restarts from now.
+    pub fn reset_counters(&mut self) {
+        self.stats.buffers_created = 0;
+        self.stats.reuses = 0;
+        self.stats.requests = 0;
+        self.stats.buffers_destroyed = 0;
+        self.stats.peak_bytes_live = self.stats.bytes_live;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn classes_round_up_with_bounded_waste() {
+        assert_eq!(size_class(0), 256);
+        assert_eq!(size_class(256), 256);
+        assert_eq!(size_class(257), 320);
+        assert_eq!(size_class(1024), 1024);
+        assert_eq!(size_class(1025), 1280);
+        for bytes in [300u64, 5000, 123_457, 154_389_504, (1 << 31) + 1] {
+            let c = size_class(bytes);
+            assert!(
+                c >= bytes && (c as f64) <= bytes as f64 * 1.25 + 1.0,
+                "{bytes} -> {c}"
+            );
+            assert_eq!(size_class(c), c, "a class is its own class");
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Tensors from host data, constants and seeded random draws; reading tensors back.
+
+use crate::error::{Error, Result};
+use crate::graph::{DType, Device, Tensor};
+use crate::kernels::elementwise::{self, ElementwiseParams};
+use crate::kernels::random::{self, Distribution, RandomParams};
+
+fn check_len(op: &'static str, shape: &[usize], got: usize) -> Result<()> {
+    let expected: usize = shape.iter().product();
+    if expected != got {
+        return Err(Error::ElementCount {
+            op,
+            shape: shape.to_vec(),
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// An f32 tensor holding `data` (row-major) with shape `shape`.
+    pub fn from_slice(device: &Device, data: &[f32], shape: &[usize]) -> Result<Tensor> {
+        check_len("from_slice", shape, data.len())?;
+        let t = Tensor::uninit(device, shape, DType::F32, "from_slice")?;
+        device.upload(t.storage(), 0, bytemuck::cast_slice(data));
+        Ok(t)
+    }
+
+    /// A u32 tensor (token ids, gather indices).
+    pub fn from_u32(device: &Device, data: &[u32], shape: &[usize]) -> Result<Tensor> {
+        check_len("from_u32", shape, data.len())?;
+        let t = Tensor::uninit(device, shape, DType::U32, "from_u32")?;
+        device.upload(t.storage(), 0, bytemuck::cast_slice(data));
+        Ok(t)
+    }
+
+    /// An f32 tensor filled with `value`.
+    pub fn full(device: &Device, shape: &[usize], value: f32) -> Result<Tensor> {
+        let t = Tensor::uninit(device, shape, DType::F32, "full")?;
+        let numel = t.numel();
+        if numel == 0 {
+            return Ok(t);
+        }
+        let vec4 = numel % 4 == 0;
+        let n = if vec4 { numel / 4 } else { numel } as u64;
+        let params = ElementwiseParams {
+            numel: n as u32,
+            scalar: value,
+            ..Default::default()
+        };
+        let groups = device.grid(n.div_ceil(elementwise::WORKGROUP));
+        device.record(
+            &elementwise::FILL,
+            &elementwise::spec(0, vec4),
+            &params,
+            &[t.storage()],
+            groups,
+        );
+        Ok(t)
+    }
+
+    pub fn zeros(device: &Device, shape: &[usize]) -> Result<Tensor> {
+        Tensor::full(device, shape, 0.0)
+    }
+
+    pub fn ones(device: &Device, shape: &[usize]) -> Result<Tensor> {
+        Tensor::full(device, shape, 1.0)
+    }
+
+    /// Uniform draws in [lo, hi), a pure function of (seed, element index).
+    pub fn rand_uniform(
+        device: &Device,
+        shape: &[usize],
+        lo: f32,
+        hi: f32,
+        seed: u64,
+    ) -> Result<Tensor> {
+        Tensor::random(device, shape, Distribution::Uniform, lo, hi, seed)
+    }
+
+    /// Normal draws with mean `mean` and standard deviation `std`.
+    pub fn rand_normal(
+        device: &Device,
+        shape: &[usize],
+        mean: f32,
+        std: f32,
+        seed: u64,
+    ) -> Result<Tensor> {
+        Tensor::random(device, shape, Distribution::Normal, mean, std, seed)
+    }
+
+    fn random(
+        device: &Device,
+        shape: &[usize],
+        dist: Distribution,
+        a: f32,
+        b: f32,
+        seed: u64,
+    ) -> Result<Tensor> {
+        let t = Tensor::uninit(device, shape, DType::F32, "random")?;
+        let numel = t.numel() as u64;
+        let params = RandomParams {
+            numel: numel as u32,
+            seed_lo: seed as u32,
+            seed_hi: (seed >> 32) as u32,
+            counter: 0,
+            a,
+            b,
+            out_offset: 0,
+            _pad: 0,
+        };
+        let groups = device.grid(numel.div_ceil(random::WORKGROUP));
+        device.record(
+            &random::RANDOM,
+            &random::spec(dist),
+            &params,
+            &[t.storage()],
+            groups,
+        );
+        Ok(t)
+    }
+
+    /// Flushes, waits for the GPU and returns the elements in row-major order.
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
+        self.expect_dtype("to_vec", DType::F32)?;
+        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes()?))
+    }
+
+    pub fn to_vec_u32(&self) -> Result<Vec<u32>> {
+        self.expect_dtype("to_vec_u32", DType::U32)?;
+        Ok(bytemuck::pod_collect_to_vec(&self.read_bytes()?))
+    }
+
+    /// The value of a one-element tensor.
+    pub fn item(&self) -> Result<f32> {
+        if self.numel() != 1 {
+            return Err(Error::ShapeMismatch {
+                op: "item",
+                expected: "a tensor of one element".into(),
+                got: self.shape().to_vec(),
+            });
+        }
+        Ok(self.to_vec()?[0])
+    }
+
+    fn read_bytes(&self) -> Result<Vec<u8>> {
+        let t = self.contiguous()?;
+        let size = t.dtype().size() as u64;
+        t.device().read_back(
+            t.storage(),
+            t.layout().offset as u64 * size,
+            t.numel() as u64 * size,
+        )
+    }
+}

@@ -1,0 +1,126 @@
+//! Views without copies: reshape, permute, transpose, narrow (slice), broadcast, (un)squeeze;
+//! and `contiguous`, the one copy a kernel that needs row-major data asks for.
+
+use crate::error::{Error, Result};
+use crate::graph::{broadcast_shape, resolve_dim, Tensor};
+use crate::kernels::elementwise::UnaryOp;
+
+impl Tensor {
+    /// The same elements with another shape: a view when the layout allows, else a copy.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let numel: usize = shape.iter().product();
+        if numel != self.numel() {
+            return Err(Error::ShapeMismatch {
+                op: "reshape",
+                expected: format!("{numel} elements for shape {shape:?}"),
+                got: self.shape().to_vec(),
+            });
+        }
+        match self.layout().reshape(shape) {
+            Some(l) => Ok(self.with_layout(l)),
+            None => self.contiguous()?.reshape(shape),
+        }
+    }
+
+    /// Dims reordered: `dims[i]` of the input becomes dim i.
+    pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
+        let mut seen = vec![false; self.rank()];
+        let valid = dims.len() == self.rank()
+            && dims
+                .iter()
+                .all(|&d| d < self.rank() && !std::mem::replace(&mut seen[d], true));
+        if !valid {
+            return Err(Error::InvalidArgument {
+                op: "permute",
+                reason: format!(
+                    "{dims:?} is not a permutation of the {} dims of {:?}",
+                    self.rank(),
+                    self.shape()
+                ),
+            });
+        }
+        Ok(self.with_layout(self.layout().permute(dims)))
+    }
+
+    /// Dims `d0` and `d1` swapped (negative dims count from the end).
+    pub fn transpose(&self, d0: isize, d1: isize) -> Result<Tensor> {
+        let a = resolve_dim("transpose", d0, self.rank())?;
+        let b = resolve_dim("transpose", d1, self.rank())?;
+        let mut dims: Vec<usize> = (0..self.rank()).collect();
+        dims.swap(a, b);
+        self.permute(&dims)
+    }
+
+    /// The last two dims swapped.
+    pub fn t(&self) -> Result<Tensor> {
+        self.transpose(-2, -1)
+    }
+
+    /// `len` entries of `dim` from `start`.
+    pub fn narrow(&self, dim: isize, start: usize, len: usize) -> Result<Tensor> {
+        let d = resolve_dim("narrow", dim, self.rank())?;
+        if start + len > self.shape()[d] {
+            return Err(Error::InvalidArgument {
+                op: "narrow",
+                reason: format!(
+                    "range {start}..{} is outside dim {d} of size {} (shape {:?})",
+                    start + len,
+                    self.shape()[d],
+                    self.shape()
+                ),
+            });
+        }
+        Ok(self.with_layout(self.layout().narrow(d, start, len)))
+    }
+
+    /// This tensor seen with shape `shape` (numpy broadcasting), without a copy.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Result<Tensor> {
+        let b = broadcast_shape("broadcast_to", self.shape(), shape)?;
+        if b != shape {
+            return Err(Error::BroadcastMismatch {
+                op: "broadcast_to",
+                lhs: self.shape().to_vec(),
+                rhs: shape.to_vec(),
+            });
+        }
+        Ok(self.with_layout(self.layout().broadcast_to(shape)))
+    }
+
+    /// A dim of size 1 inserted at `dim` (0..=rank; negative counts from the end).
+    pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
+        let d = resolve_dim("unsqueeze", dim, self.rank() + 1)?;
+        let mut l = self.layout().clone();
+        let stride = if d < l.rank() {
+            l.strides[d] * l.shape[d]
+        } else {
+            1
+        };
+        l.shape.insert(d, 1);
+        l.strides.insert(d, stride);
+        Ok(self.with_layout(l))
+    }
+
+    /// The size-1 dim `dim` removed.
+    pub fn squeeze(&self, dim: isize) -> Result<Tensor> {
+        let d = resolve_dim("squeeze", dim, self.rank())?;
+        if self.shape()[d] != 1 {
+            return Err(Error::ShapeMismatch {
+                op: "squeeze",
+                expected: format!("size 1 at dim {d}"),
+                got: self.shape().to_vec(),
+            });
+        }
+        let mut l = self.layout().clone();
+        l.shape.remove(d);
+        l.strides.remove(d);
+        Ok(self.with_layout(l))
+    }
+
+    /// A row-major copy, or this tensor when it already is row-major.
+    pub fn contiguous(&self) -> Result<Tensor> {
+        if self.is_contiguous() {
+            return Ok(self.clone());
+        }
+        self.unary(UnaryOp::Copy, 0.0, 0.0)
+    }
+}

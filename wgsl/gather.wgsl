@@ -1,0 +1,49 @@
+// Gather along one axis (index_select): out[.., j, ..] = x[.., idx[j], ..].
+//
+// For each element i of the contiguous output (shape `shape`, rank dims), its coordinate along
+// `dim` picks idx[idx_offset + coord * idx_stride]; every coordinate then meets the input
+// `strides`. An index at or past `src_len` (x's size along dim) reads 0.
+// Workgroup mapping: 256 threads, one output element each; linear workgroup = wid.y*nwg.x+wid.x.
+
+struct Params {
+    numel: u32,
+    rank: u32,
+    dim: u32,
+    src_len: u32,
+    in_offset: u32,
+    idx_offset: u32,
+    idx_stride: u32,
+    _pad: u32,
+    shape: array<vec4<u32>, 2>,   // (rank) output shape
+    strides: array<vec4<u32>, 2>, // (rank) input strides
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(3) var<storage, read> idx: array<u32>;
+
+const WG: u32 = 256u;
+
+@compute @workgroup_size(WG)
+fn index_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (i >= p.numel) { return; }
+    var rem = i;
+    var off = p.in_offset;
+    var valid = true;
+    for (var d = i32(p.rank) - 1; d >= 0; d--) {
+        let q = u32(d) / 4u;
+        let r = u32(d) % 4u;
+        let n = p.shape[q][r];
+        var coord = rem % n;
+        rem = rem / n;
+        if (u32(d) == p.dim) {
+            coord = idx[p.idx_offset + coord * p.idx_stride];
+            valid = valid && coord < p.src_len;
+        }
+        off += coord * p.strides[q][r];
+    }
+    out[i] = select(0.0, x[off], valid);
+}
