@@ -1,0 +1,100 @@
+//! Every kernel variant the engine dispatches, validated by naga and translated to Metal (MSL),
+//! DX12 (HLSL) and Vulkan (SPIR-V), so breakage on a backend CI cannot run shows here. Also
+//! checks that each `#[repr(C)]` params struct has the size of its WGSL mirror.
+
+use naga::valid::{Capabilities, ValidationFlags, Validator};
+use wgrad::kernels::{all_variants, compose_source, KernelDesc, Spec};
+
+fn parse(kernel: &KernelDesc, spec: &Spec, subgroups: bool) -> (naga::Module, naga::valid::ModuleInfo) {
+    let src = compose_source(kernel.family, spec, subgroups);
+    let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
+        panic!("{} [{}] (subgroups {subgroups}) does not parse:\n{}", kernel.name, spec.describe(), e.emit_to_string(&src))
+    });
+    let caps = if subgroups {
+        Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16
+    } else {
+        Capabilities::SHADER_FLOAT16
+    };
+    let info = Validator::new(ValidationFlags::all(), caps)
+        .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+        .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+        .validate(&module)
+        .unwrap_or_else(|e| {
+            panic!("{} [{}] (subgroups {subgroups}) fails validation:\n{}", kernel.name, spec.describe(), e.emit_to_string(&src))
+        });
+    (module, info)
+}
+
+#[test]
+fn every_variant_translates_to_msl_hlsl_and_spirv() {
+    let variants = all_variants(true);
+    let families: std::collections::BTreeSet<_> = variants.iter().map(|(k, _)| k.family.name).collect();
+    for family in ["elementwise", "reduce", "softmax", "matmul", "gather", "random"] {
+        assert!(families.contains(family), "no variant of the {family} family is listed");
+    }
+    for (kernel, spec) in &variants {
+        for subgroups in [true, false] {
+            if !kernel.family.workgroup_reduce && !subgroups {
+                continue; // identical source
+            }
+            let (module, info) = parse(kernel, spec, subgroups);
+            let what = format!("{} [{}] (subgroups {subgroups})", kernel.name, spec.describe());
+            let entry = Some((naga::ShaderStage::Compute, kernel.name.to_string()));
+
+            let msl_options = naga::back::msl::Options {
+                lang_version: (2, 4),
+                ..Default::default()
+            };
+            let msl_pipeline = naga::back::msl::PipelineOptions {
+                entry_point: entry.clone(),
+                ..Default::default()
+            };
+            naga::back::msl::write_string(&module, &info, &msl_options, &msl_pipeline)
+                .unwrap_or_else(|e| panic!("{what}: MSL: {e:?}"));
+
+            let hlsl_options = naga::back::hlsl::Options {
+                shader_model: naga::back::hlsl::ShaderModel::V6_2,
+                ..Default::default()
+            };
+            let hlsl_pipeline = naga::back::hlsl::PipelineOptions {
+                entry_point: entry.clone(),
+            };
+            let mut hlsl = String::new();
+            naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_options, &hlsl_pipeline)
+                .write(&module, &info, None)
+                .unwrap_or_else(|e| panic!("{what}: HLSL: {e:?}"));
+
+            let spv_pipeline = naga::back::spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: kernel.name.to_string(),
+            };
+            naga::back::spv::write_vec(&module, &info, &Default::default(), Some(&spv_pipeline))
+                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e:?}"));
+        }
+    }
+}
+
+#[test]
+fn params_structs_match_their_wgsl_mirrors() {
+    let mut checked = std::collections::HashSet::new();
+    for (kernel, spec) in all_variants(true) {
+        if !checked.insert(kernel.name) {
+            continue;
+        }
+        let (module, _) = parse(kernel, &spec, true);
+        let span = module
+            .types
+            .iter()
+            .find_map(|(_, ty)| match (&ty.name, &ty.inner) {
+                (Some(name), naga::TypeInner::Struct { span, .. }) if name == "Params" => Some(*span),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("{}: no `struct Params` in its WGSL", kernel.name));
+        assert_eq!(
+            span as u64, kernel.params_size,
+            "{}: WGSL Params is {span} bytes, the Rust params struct {}",
+            kernel.name, kernel.params_size
+        );
+        assert_eq!(kernel.params_size % 16, 0, "{}: uniform structs are 16-byte multiples", kernel.name);
+    }
+}
