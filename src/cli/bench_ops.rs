@@ -50,6 +50,10 @@ struct ChainRow {
     us_per_op: f64,
     /// Wall time of the whole chain including the read-back.
     wall_ms: f64,
+    /// CPU time of the flush that encodes and submits what is still pending.
+    encode_submit_ms: f64,
+    /// Time then spent waiting for the GPU to finish.
+    wait_ms: f64,
 }
 
 #[derive(Serialize)]
@@ -236,6 +240,8 @@ fn bench_chain(device: &Device, ops: usize, eager: bool) -> Result<ChainRow> {
         submits: c.submits,
         us_per_op: record_s * 1e6 / ops as f64,
         wall_ms: wall * 1e3,
+        encode_submit_ms: c.encode_submit_ns as f64 * 1e-6,
+        wait_ms: c.wait_ns as f64 * 1e-6,
     })
 }
 
@@ -334,13 +340,13 @@ fn print_tables(r: &Report) {
         );
     }
     println!(
-        "\n{:<12} {:>6} {:>8} {:>10} {:>10}",
-        "chain", "ops", "submits", "us/op", "wall ms"
+        "\n{:<6} {:>6} {:>8} {:>13} {:>17} {:>9} {:>9}",
+        "chain", "ops", "submits", "record us/op", "encode+submit ms", "wait ms", "wall ms"
     );
     for (name, c) in [("lazy", &r.chain), ("eager", &r.eager_chain)] {
         println!(
-            "{:<12} {:>6} {:>8} {:>10.2} {:>10.2}",
-            name, c.ops, c.submits, c.us_per_op, c.wall_ms
+            "{:<6} {:>6} {:>8} {:>13.2} {:>17.2} {:>9.2} {:>9.2}",
+            name, c.ops, c.submits, c.us_per_op, c.encode_submit_ms, c.wait_ms, c.wall_ms
         );
     }
     let p = &r.pool;

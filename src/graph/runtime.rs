@@ -198,6 +198,7 @@ impl Device {
     /// Flushes and waits until the GPU has finished all submitted work.
     pub fn sync(&self) -> Result<()> {
         self.flush();
+        let start = std::time::Instant::now();
         self.rt
             .gpu
             .device
@@ -206,6 +207,7 @@ impl Device {
                 timeout: None,
             })
             .map_err(|e| Error::Device(e.to_string()))?;
+        self.state().counters.wait_ns += start.elapsed().as_nanos() as u64;
         Ok(())
     }
 
@@ -213,6 +215,7 @@ impl Device {
         if s.segment.is_empty() {
             return None;
         }
+        let start = std::time::Instant::now();
         let gpu = &self.rt.gpu;
         let segment = std::mem::take(&mut s.segment);
         let st = &mut *s;
@@ -245,6 +248,7 @@ impl Device {
         );
         let idx = gpu.queue.submit([cmd]);
         st.counters.submits += 1;
+        st.counters.encode_submit_ns += start.elapsed().as_nanos() as u64;
         // Recycle the host arenas' allocations for the next Segment.
         let mut segment = segment;
         segment.commands.clear();
@@ -366,6 +370,7 @@ impl Device {
                 .expect("the segment holds the copy");
             (staging, idx)
         };
+        let wait_start = std::time::Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
         let slice = staging.buffer.slice(0..size);
         slice.map_async(wgpu::MapMode::Read, move |r| {
@@ -388,7 +393,9 @@ impl Device {
             view[skip..skip + len as usize].to_vec()
         };
         staging.buffer.unmap();
-        self.state().read_back_pool.release(staging);
+        let mut s = self.state();
+        s.counters.wait_ns += wait_start.elapsed().as_nanos() as u64;
+        s.read_back_pool.release(staging);
         Ok(bytes)
     }
 }

@@ -76,6 +76,10 @@ pub struct Counters {
     pub bytes_uploaded: u64,
     pub read_backs: u64,
     pub bytes_read_back: u64,
+    /// CPU nanoseconds spent encoding and submitting flushes.
+    pub encode_submit_ns: u64,
+    /// Nanoseconds spent blocked on the GPU (read-backs, `sync`).
+    pub wait_ns: u64,
 }
 
 impl std::ops::Sub for Counters {
@@ -90,6 +94,8 @@ impl std::ops::Sub for Counters {
             bytes_uploaded: self.bytes_uploaded - o.bytes_uploaded,
             read_backs: self.read_backs - o.read_backs,
             bytes_read_back: self.bytes_read_back - o.bytes_read_back,
+            encode_submit_ns: self.encode_submit_ns - o.encode_submit_ns,
+            wait_ns: self.wait_ns - o.wait_ns,
         }
     }
 }

@@ -1,0 +1,446 @@
+//! Shared helpers of the integration tests: one Device per test binary, seeded random inputs,
+//! a CPU f64 reference (`Arr`: row-major f64 arrays with views, broadcasting, matmul,
+//! reductions, softmax, gather), output poisoning, and `assert_close`.
+//!
+//! Error metric of `assert_close`: |got - want| / max(|want|, 1), i.e. relative error for
+//! values of magnitude 1 or more and absolute error below that. A non-finite `got` passes only
+//! when `want` is the same infinity (NaN never passes).
+
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use wgrad::{Device, DeviceOptions, Tensor};
+
+/// Default tolerance of f32 kernels against the f64 reference.
+pub const TOL: f64 = 1e-4;
+
+// The shared Device is used from the test threads at once: it must be Send + Sync.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Device>();
+    send_sync::<Tensor>();
+};
+
+static DEVICE: OnceLock<Device> = OnceLock::new();
+static TREE_DEVICE: OnceLock<Device> = OnceLock::new();
+
+/// The test binary's shared device (lavapipe on a machine without a GPU).
+pub fn dev() -> &'static Device {
+    DEVICE.get_or_init(|| Device::new().expect("creating the wgrad Device"))
+}
+
+/// A second shared device with subgroup operations turned off: the workgroup-memory
+/// reduction fallback.
+pub fn tree_dev() -> &'static Device {
+    TREE_DEVICE.get_or_init(|| {
+        Device::with_options(&DeviceOptions {
+            disable: wgrad::wgpu::Features::SUBGROUP,
+            ..Default::default()
+        })
+        .expect("creating a wgrad Device without subgroups")
+    })
+}
+
+/// A device of its own, for tests that count submits or buffer creations (the shared device
+/// sees the other test threads' work).
+pub fn private_dev() -> Device {
+    Device::new().expect("creating a private wgrad Device")
+}
+
+/// A seeded RNG per test: seed = FNV-1a(tag) ^ $WGRAD_TEST_SEED (0 when unset), so a run is
+/// reproducible and another seed gives fresh inputs.
+pub fn rng(tag: &str) -> StdRng {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in tag.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    let extra = std::env::var("WGRAD_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or(0);
+    StdRng::seed_from_u64(h ^ extra)
+}
+
+/// `n` uniform draws in [lo, hi).
+pub fn rand_vec(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// Fills the pool's free list of `numel` f32s with NaN buffers, so an op whose output then
+/// takes one of them leaves NaN in every element it does not write.
+pub fn poison(dev: &Device, numel: usize) {
+    if numel == 0 {
+        return;
+    }
+    let junk: Vec<Tensor> = (0..3)
+        .map(|_| Tensor::full(dev, &[numel], f32::NAN).expect("poison fill"))
+        .collect();
+    drop(junk);
+}
+
+// ------------------------------------------------------------------------------------------
+// Comparison.
+
+/// Fails on a length mismatch, on any non-finite `got` that `want` does not equally have, and
+/// when the worst |got - want| / max(|want|, 1) exceeds `tol`; reports the worst element.
+#[track_caller]
+pub fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "{what}: got {} elements, want {}",
+        got.len(),
+        want.len()
+    );
+    let mut worst: Option<(usize, f64)> = None;
+    let mut bad = 0usize;
+    let mut first_nonfinite: Option<usize> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let g = g as f64;
+        let err = if !w.is_finite() || !g.is_finite() {
+            if g == w {
+                0.0 // the same infinity
+            } else {
+                first_nonfinite.get_or_insert(i);
+                f64::INFINITY
+            }
+        } else {
+            (g - w).abs() / w.abs().max(1.0)
+        };
+        if err > tol {
+            bad += 1;
+        }
+        if worst.is_none_or(|(_, e)| err > e) {
+            worst = Some((i, err));
+        }
+    }
+    if let Some((i, err)) = worst {
+        if err > tol {
+            let nf = first_nonfinite
+                .map(|j| format!("; first non-finite mismatch at [{j}]: got {}, want {}", got[j], want[j]))
+                .unwrap_or_default();
+            panic!(
+                "{what}: {bad} of {} elements off; worst [{i}]: got {}, want {} (error {err:.3e} > \
+                 tol {tol:e}){nf}",
+                got.len(),
+                got[i],
+                want[i]
+            );
+        }
+    }
+}
+
+/// Checks the shape of `t`, then its values against `want`.
+#[track_caller]
+pub fn check(t: &Tensor, want: &Arr, tol: f64, what: &str) {
+    assert_eq!(t.shape(), &want.shape[..], "{what}: shape");
+    let got = t.to_vec().unwrap_or_else(|e| panic!("{what}: to_vec: {e}"));
+    assert_close(&got, &want.data, tol, what);
+}
+
+// ------------------------------------------------------------------------------------------
+// CPU f64 reference.
+
+pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        s[d] = s[d + 1] * shape[d + 1];
+    }
+    s
+}
+
+/// Coordinates of row-major linear index `i` in `shape`.
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut c = vec![0; shape.len()];
+    for d in (0..shape.len()).rev() {
+        c[d] = i % shape[d];
+        i /= shape[d];
+    }
+    c
+}
+
+/// Numpy broadcasting of two shapes (panics when they do not broadcast).
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Vec<usize> {
+    let rank = a.len().max(b.len());
+    (0..rank)
+        .map(|i| {
+            let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+            let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+            match (da, db) {
+                (x, y) if x == y => x,
+                (1, y) => y,
+                (x, 1) => x,
+                _ => panic!("reference: {a:?} and {b:?} do not broadcast"),
+            }
+        })
+        .collect()
+}
+
+/// A row-major f64 array.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Arr {
+    pub shape: Vec<usize>,
+    pub data: Vec<f64>,
+}
+
+impl Arr {
+    pub fn new(shape: &[usize], data: Vec<f64>) -> Arr {
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "Arr::new {shape:?}");
+        Arr {
+            shape: shape.to_vec(),
+            data,
+        }
+    }
+
+    pub fn from_f32(shape: &[usize], data: &[f32]) -> Arr {
+        Arr::new(shape, data.iter().map(|&x| x as f64).collect())
+    }
+
+    /// Uniform draws in [lo, hi) (drawn as f32, so the GPU sees exactly these values).
+    pub fn rand(rng: &mut StdRng, shape: &[usize], lo: f32, hi: f32) -> Arr {
+        let n = shape.iter().product();
+        Arr::from_f32(shape, &rand_vec(rng, n, lo, hi))
+    }
+
+    pub fn full(shape: &[usize], v: f64) -> Arr {
+        Arr::new(shape, vec![v; shape.iter().product()])
+    }
+
+    pub fn numel(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn f32s(&self) -> Vec<f32> {
+        self.data.iter().map(|&x| x as f32).collect()
+    }
+
+    /// The same values in a new f32 tensor.
+    pub fn upload(&self, dev: &Device) -> Tensor {
+        Tensor::from_slice(dev, &self.f32s(), &self.shape).expect("upload")
+    }
+
+    pub fn at(&self, idx: &[usize]) -> f64 {
+        let s = contiguous_strides(&self.shape);
+        self.data[idx.iter().zip(&s).map(|(i, s)| i * s).sum::<usize>()]
+    }
+
+    /// An array of `shape` whose element at coordinates c is `f(c)`.
+    pub fn build(shape: &[usize], f: impl Fn(&[usize]) -> f64) -> Arr {
+        let n: usize = shape.iter().product();
+        Arr::new(shape, (0..n).map(|i| f(&unravel(i, shape))).collect())
+    }
+
+    pub fn map(&self, f: impl Fn(f64) -> f64) -> Arr {
+        Arr::new(&self.shape, self.data.iter().map(|&x| f(x)).collect())
+    }
+
+    pub fn reshape(&self, shape: &[usize]) -> Arr {
+        Arr::new(shape, self.data.clone())
+    }
+
+    /// Dim i of the result is dim `dims[i]` of self.
+    pub fn permute(&self, dims: &[usize]) -> Arr {
+        let shape: Vec<usize> = dims.iter().map(|&d| self.shape[d]).collect();
+        Arr::build(&shape, |c| {
+            let mut src = vec![0; self.rank()];
+            for (i, &d) in dims.iter().enumerate() {
+                src[d] = c[i];
+            }
+            self.at(&src)
+        })
+    }
+
+    pub fn transpose(&self, d0: usize, d1: usize) -> Arr {
+        let mut dims: Vec<usize> = (0..self.rank()).collect();
+        dims.swap(d0, d1);
+        self.permute(&dims)
+    }
+
+    /// The last two dims swapped.
+    pub fn t(&self) -> Arr {
+        let r = self.rank();
+        self.transpose(r - 2, r - 1)
+    }
+
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Arr {
+        let mut shape = self.shape.clone();
+        shape[dim] = len;
+        Arr::build(&shape, |c| {
+            let mut src = c.to_vec();
+            src[dim] += start;
+            self.at(&src)
+        })
+    }
+
+    pub fn broadcast_to(&self, shape: &[usize]) -> Arr {
+        let extra = shape.len() - self.rank();
+        Arr::build(shape, |c| {
+            let src: Vec<usize> = (0..self.rank())
+                .map(|d| if self.shape[d] == 1 { 0 } else { c[d + extra] })
+                .collect();
+            self.at(&src)
+        })
+    }
+
+    /// Elementwise `f(a, b)` with numpy broadcasting.
+    pub fn zip(&self, other: &Arr, f: impl Fn(f64, f64) -> f64) -> Arr {
+        let shape = broadcast_shapes(&self.shape, &other.shape);
+        let a = self.broadcast_to(&shape);
+        let b = other.broadcast_to(&shape);
+        Arr::new(
+            &shape,
+            a.data.iter().zip(&b.data).map(|(&x, &y)| f(x, y)).collect(),
+        )
+    }
+
+    /// `cond != 0 ? x : y`, all broadcast.
+    pub fn where_cond(cond: &Arr, x: &Arr, y: &Arr) -> Arr {
+        let shape = broadcast_shapes(&broadcast_shapes(&cond.shape, &x.shape), &y.shape);
+        let (c, x, y) = (
+            cond.broadcast_to(&shape),
+            x.broadcast_to(&shape),
+            y.broadcast_to(&shape),
+        );
+        Arr::new(
+            &shape,
+            (0..c.numel())
+                .map(|i| if c.data[i] != 0.0 { x.data[i] } else { y.data[i] })
+                .collect(),
+        )
+    }
+
+    /// Folds `dim` with `f` from `init`, then `post(acc, len)`.
+    pub fn reduce(
+        &self,
+        dim: usize,
+        keepdim: bool,
+        init: f64,
+        f: impl Fn(f64, f64) -> f64,
+        post: impl Fn(f64, usize) -> f64,
+    ) -> Arr {
+        let mut shape = self.shape.clone();
+        let len = shape[dim];
+        shape[dim] = 1;
+        let out = Arr::build(&shape, |c| {
+            let mut src = c.to_vec();
+            let mut acc = init;
+            for r in 0..len {
+                src[dim] = r;
+                acc = f(acc, self.at(&src));
+            }
+            post(acc, len)
+        });
+        if keepdim {
+            out
+        } else {
+            shape.remove(dim);
+            out.reshape(&shape)
+        }
+    }
+
+    pub fn sum(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, 0.0, |a, x| a + x, |a, _| a)
+    }
+
+    pub fn mean(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, 0.0, |a, x| a + x, |a, n| a / n as f64)
+    }
+
+    pub fn max(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, f64::NEG_INFINITY, f64::max, |a, _| a)
+    }
+
+    pub fn min(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, f64::INFINITY, f64::min, |a, _| a)
+    }
+
+    pub fn sum_all(&self) -> f64 {
+        self.data.iter().sum()
+    }
+
+    pub fn mean_all(&self) -> f64 {
+        self.sum_all() / self.numel() as f64
+    }
+
+    pub fn max_all(&self) -> f64 {
+        self.data.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    pub fn min_all(&self) -> f64 {
+        self.data.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+
+    /// Softmax (or log-softmax) over the last axis, max-subtracted.
+    pub fn softmax(&self, log: bool) -> Arr {
+        let cols = *self.shape.last().expect("rank >= 1");
+        let mut out = Vec::with_capacity(self.numel());
+        if cols > 0 {
+            for row in self.data.chunks(cols) {
+                let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let s: f64 = row.iter().map(|&x| (x - m).exp()).sum();
+                for &x in row {
+                    out.push(if log {
+                        x - m - s.ln()
+                    } else {
+                        (x - m).exp() / s
+                    });
+                }
+            }
+        }
+        Arr::new(&self.shape, out)
+    }
+
+    /// (..., M, K) @ (..., K, N) with broadcast batch dims.
+    pub fn matmul(&self, other: &Arr) -> Arr {
+        let (ar, br) = (self.rank(), other.rank());
+        let (m, k) = (self.shape[ar - 2], self.shape[ar - 1]);
+        let (k2, n) = (other.shape[br - 2], other.shape[br - 1]);
+        assert_eq!(k, k2, "reference matmul: inner dims");
+        let batch = broadcast_shapes(&self.shape[..ar - 2], &other.shape[..br - 2]);
+        let mut a_shape = batch.clone();
+        a_shape.extend([m, k]);
+        let mut b_shape = batch.clone();
+        b_shape.extend([k, n]);
+        let a = self.broadcast_to(&a_shape);
+        let b = other.broadcast_to(&b_shape);
+        let nb: usize = batch.iter().product();
+        let mut out = vec![0.0; nb * m * n];
+        for bi in 0..nb {
+            let (ab, bb, cb) = (&a.data[bi * m * k..], &b.data[bi * k * n..], bi * m * n);
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0.0;
+                    for kk in 0..k {
+                        acc += ab[i * k + kk] * bb[kk * n + j];
+                    }
+                    out[cb + i * n + j] = acc;
+                }
+            }
+        }
+        let mut shape = batch;
+        shape.extend([m, n]);
+        Arr::new(&shape, out)
+    }
+
+    /// Entries `idx` of `dim`; an index past the end gives 0 (as the engine documents).
+    pub fn index_select(&self, dim: usize, idx: &[u32]) -> Arr {
+        let mut shape = self.shape.clone();
+        shape[dim] = idx.len();
+        Arr::build(&shape, |c| {
+            let j = idx[c[dim]] as usize;
+            if j >= self.shape[dim] {
+                return 0.0;
+            }
+            let mut src = c.to_vec();
+            src[dim] = j;
+            self.at(&src)
+        })
+    }
+}
