@@ -4,6 +4,7 @@
 //! compute pass and one `queue.submit` over pooled buffers. See DESIGN.md for the layers:
 //! `device` -> `memory` -> `kernels` -> `graph` -> `ops`.
 
+pub mod autograd;
 pub mod device;
 pub mod error;
 pub mod graph;
@@ -15,4 +16,5 @@ pub use device::DeviceOptions;
 /// The wgpu this engine is built on (for `DeviceOptions` features and backends).
 pub use wgpu;
 pub use error::{Error, Result};
-pub use graph::{Counters, DType, Device, Tensor};
+pub use autograd::no_grad;
+pub use graph::{Counters, DType, Device, Phase, Tensor};

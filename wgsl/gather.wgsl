@@ -47,3 +47,4 @@ fn index_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
     out[i] = select(0.0, x[off], valid);
 }
+

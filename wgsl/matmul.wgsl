@@ -1,14 +1,15 @@
-// Batched matmul: C[b] = A[b] @ B[b], A (batch, M, K), B (batch, K, N), C (batch, M, N)
-// contiguous. A and B are read through strides, so a transposed operand is a view, not a copy
-// (a_ms/a_ks are A's strides along m and k; b_ks/b_ns B's along k and n; a batch stride of 0
-// broadcasts).
+// Batched matmul: C[b] (+)= A[b] @ B[b], A (batch, M, K), B (batch, K, N), C (batch, M, N).
+// Every operand is read or written through strides, so a transposed operand (or a transposed
+// gradient target) is a view, not a copy (a_ms/a_ks are A's strides along m and k; b_ks/b_ns
+// B's along k and n; c_ms/c_ns C's along m and n; a batch stride of 0 broadcasts). With ACC
+// the product is added into C (gradient accumulation without a temporary).
 //
 // Workgroup tile BM x BN, K in steps of BK staged in workgroup memory (zero-padded past M, N,
 // K, so any size works); each of the (BM/TM)*(BN/TN) lanes accumulates a TM x TN register
 // block, rows tr + i*(BM/TM) and columns tc + j*(BN/TN) (interleaved, so lanes of a subgroup
 // read distinct workgroup-memory words and write coalesced columns).
 // Grid: x over N tiles, y over M tiles, z over the batch.
-// Specialization: BM, BN, BK, TM, TN.
+// Specialization: BM, BN, BK, TM, TN, ACC.
 
 struct Params {
     m: u32,
@@ -25,8 +26,8 @@ struct Params {
     b_ns: u32,
     c_off: u32,
     c_bs: u32,
-    _pad0: u32,
-    _pad1: u32,
+    c_ms: u32,
+    c_ns: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -107,7 +108,12 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         for (var j = 0u; j < TN; j++) {
             let gn = col0 + tc + j * COL_LANES;
             if (gn < p.n) {
-                c[c_base + gm * p.n + gn] = acc[i * TN + j];
+                let o = c_base + gm * p.c_ms + gn * p.c_ns;
+                if (ACC) {
+                    c[o] = c[o] + acc[i * TN + j];
+                } else {
+                    c[o] = acc[i * TN + j];
+                }
             }
         }
     }

@@ -1,26 +1,33 @@
-// Reductions: over one axis, and over everything in two stages.
+// Reductions: over a set of dims, and over everything in two stages.
 //
-// reduce_axis: out[o] = scale * fold_{r < reduce_len} x[base(o) + r * reduce_stride], where
+// reduce_dims: out[out_offset + o] (+)= scale * fold_{r < red_numel} x[base(o) + red(r)], where
 //   base(o) is o's coordinates in the kept `shape` (rank dims) times the input `strides`, plus
-//   in_offset. One workgroup of 256 lanes per output element (linear workgroup id = o); lanes
-//   stride over r, then a workgroup reduction (subgroups where present).
+//   in_offset, and red(r) is r's coordinates in `red_shape` (red_rank dims) times
+//   `red_strides`. One workgroup of 256 lanes per output element (linear workgroup id = o);
+//   lanes stride over r, then a workgroup reduction (subgroups where present).
 // reduce_partial: stage 1 of a reduction over all numel elements (strided by shape/strides):
 //   n_groups workgroups, workgroup g folds elements g*256+lid, stepping n_groups*256, into
-//   partial[g]. Stage 2 is reduce_axis over the partials.
+//   partial[g] (times scale). Stage 2 is reduce_dims over the partials.
 //
-// Specialization: OP (0 sum, 1 max, 2 min).
+// Specialization: OP (0 sum, 1 max, 2 min), ACC (add into the output: gradient accumulation).
 
 struct Params {
     out_numel: u32,
-    reduce_len: u32,
-    reduce_stride: u32,
+    red_numel: u32,
     rank: u32,
+    red_rank: u32,
     in_offset: u32,
     scale: f32,
     n_groups: u32,
     numel: u32,
-    shape: array<vec4<u32>, 2>,   // (rank) kept dims, or all dims for reduce_partial
-    strides: array<vec4<u32>, 2>, // (rank) input strides of those dims
+    out_offset: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+    shape: array<vec4<u32>, 2>,       // (rank) kept dims, or all dims for reduce_partial
+    strides: array<vec4<u32>, 2>,     // (rank) input strides of those dims
+    red_shape: array<vec4<u32>, 2>,   // (red_rank) reduced dims
+    red_strides: array<vec4<u32>, 2>, // (red_rank) input strides of the reduced dims
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -43,7 +50,7 @@ fn fold(acc: f32, v: f32) -> f32 {
     }
 }
 
-fn strided_offset(i: u32) -> u32 {
+fn kept_offset(i: u32) -> u32 {
     var rem = i;
     var off = p.in_offset;
     for (var d = i32(p.rank) - 1; d >= 0; d--) {
@@ -56,20 +63,44 @@ fn strided_offset(i: u32) -> u32 {
     return off;
 }
 
+fn reduced_offset(i: u32) -> u32 {
+    if (p.red_rank == 1u) {
+        return i * p.red_strides[0][0];
+    }
+    var rem = i;
+    var off = 0u;
+    for (var d = i32(p.red_rank) - 1; d >= 0; d--) {
+        let q = u32(d) / 4u;
+        let r = u32(d) % 4u;
+        let n = p.red_shape[q][r];
+        off += (rem % n) * p.red_strides[q][r];
+        rem = rem / n;
+    }
+    return off;
+}
+
+fn store(o: u32, v: f32) {
+    if (ACC) {
+        out[o] = out[o] + v;
+    } else {
+        out[o] = v;
+    }
+}
+
 @compute @workgroup_size(RED_WG)
-fn reduce_axis(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn reduce_dims(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                lanes: Lanes) {
     let o = wid.y * nwg.x + wid.x;
     // o is the same for the whole workgroup, so this exit skips no lane's barrier.
     if (o >= p.out_numel) { return; }
-    let base = strided_offset(o);
+    let base = kept_offset(o);
     var acc = identity();
-    for (var r = lanes.lid; r < p.reduce_len; r += RED_WG) {
-        acc = fold(acc, x[base + r * p.reduce_stride]);
+    for (var r = lanes.lid; r < p.red_numel; r += RED_WG) {
+        acc = fold(acc, x[base + reduced_offset(r)]);
     }
     acc = wg_reduce(acc, lanes, OP);
     if (lanes.lid == 0u) {
-        out[o] = acc * p.scale;
+        store(p.out_offset + o, acc * p.scale);
     }
 }
 
@@ -78,10 +109,10 @@ fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let g = wid.x;
     var acc = identity();
     for (var i = g * RED_WG + lanes.lid; i < p.numel; i += p.n_groups * RED_WG) {
-        acc = fold(acc, x[strided_offset(i)]);
+        acc = fold(acc, x[kept_offset(i)]);
     }
     acc = wg_reduce(acc, lanes, OP);
     if (lanes.lid == 0u) {
-        out[g] = acc;
+        store(p.out_offset + g, acc * p.scale);
     }
 }

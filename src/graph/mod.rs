@@ -10,5 +10,5 @@ pub use layout::{
     broadcast_shape, coalesce_joint, contiguous_strides, resolve_dim, Layout, MAX_RANK,
 };
 pub use runtime::{Device, Storage, DEFAULT_FLUSH_BOUND};
-pub use segment::Counters;
-pub use tensor::{DType, Tensor};
+pub use segment::{Counters, Phase};
+pub use tensor::{Attachment, DType, Tensor};

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytemuck::Pod;
 
 use super::segment::{
-    encode, BindGroupCache, BufferRef, Command, Counters, Dispatch, EncodeTargets, Segment,
+    encode, BindGroupCache, BufferRef, Command, Counters, Dispatch, EncodeTargets, Phase, Segment,
 };
 use crate::device::{AdapterReport, DeviceOptions, Gpu};
 use crate::error::{Error, Result};
@@ -40,6 +40,7 @@ struct State {
     counters: Counters,
     flush_bound: usize,
     params_align: usize,
+    phase: Phase,
 }
 
 /// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
@@ -109,6 +110,7 @@ impl Device {
             counters: Counters::default(),
             flush_bound: DEFAULT_FLUSH_BOUND,
             params_align: gpu.limits.min_uniform_buffer_offset_alignment as usize,
+            phase: Phase::Forward,
         };
         Ok(Device {
             rt: Arc::new(Runtime {
@@ -167,6 +169,11 @@ impl Device {
     /// Zeroes the pool's running counters (creations, reuses); the peak restarts from now.
     pub fn reset_pool_counters(&self) {
         self.state().pool.reset_counters();
+    }
+
+    /// Sets what the following dispatches are counted as; returns the previous phase.
+    pub fn set_phase(&self, phase: Phase) -> Phase {
+        std::mem::replace(&mut self.state().phase, phase)
     }
 
     /// Flushes past this many recorded dispatches.
@@ -311,6 +318,11 @@ impl Device {
         }));
         s.segment.dispatches += 1;
         s.counters.dispatches += 1;
+        match s.phase {
+            Phase::Forward => s.counters.forward_dispatches += 1,
+            Phase::Backward => s.counters.backward_dispatches += 1,
+            Phase::Optimizer => s.counters.optimizer_dispatches += 1,
+        }
         if s.segment.dispatches >= s.flush_bound {
             self.flush_locked(&mut s);
         }

@@ -69,6 +69,10 @@ impl Segment {
 #[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
 pub struct Counters {
     pub dispatches: u64,
+    /// Dispatches recorded in each phase (see `Device::set_phase`).
+    pub forward_dispatches: u64,
+    pub backward_dispatches: u64,
+    pub optimizer_dispatches: u64,
     pub submits: u64,
     pub compute_passes: u64,
     pub bind_groups_created: u64,
@@ -87,6 +91,9 @@ impl std::ops::Sub for Counters {
     fn sub(self, o: Counters) -> Counters {
         Counters {
             dispatches: self.dispatches - o.dispatches,
+            forward_dispatches: self.forward_dispatches - o.forward_dispatches,
+            backward_dispatches: self.backward_dispatches - o.backward_dispatches,
+            optimizer_dispatches: self.optimizer_dispatches - o.optimizer_dispatches,
             submits: self.submits - o.submits,
             compute_passes: self.compute_passes - o.compute_passes,
             bind_groups_created: self.bind_groups_created - o.bind_groups_created,
@@ -98,6 +105,15 @@ impl std::ops::Sub for Counters {
             wait_ns: self.wait_ns - o.wait_ns,
         }
     }
+}
+
+/// What the recorded work belongs to, for the per-phase counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Phase {
+    #[default]
+    Forward,
+    Backward,
+    Optimizer,
 }
 
 /// Key of a cached bind group: layout, parameter arena, and every storage buffer.

@@ -36,10 +36,17 @@ impl DType {
 #[derive(Clone)]
 pub struct Tensor(Arc<TensorInner>);
 
+/// What a layer above attaches to a tensor (the autograd tape's record); opaque here.
+pub type Attachment = Arc<dyn std::any::Any + Send + Sync>;
+
 struct TensorInner {
     layout: Layout,
     dtype: DType,
     storage: Arc<Storage>,
+    attachment: Option<Attachment>,
+    /// The host values of a u32 tensor made from host data (index tensors), kept so that
+    /// backward can group positions by index without reading the GPU.
+    host_u32: Option<Arc<[u32]>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -55,7 +62,38 @@ impl Tensor {
             layout,
             dtype,
             storage,
+            attachment: None,
+            host_u32: None,
         }))
+    }
+
+    /// The same view with `attachment` (replacing any).
+    pub(crate) fn with_attachment(&self, attachment: Option<Attachment>) -> Tensor {
+        Tensor(Arc::new(TensorInner {
+            layout: self.0.layout.clone(),
+            dtype: self.0.dtype,
+            storage: self.0.storage.clone(),
+            attachment,
+            host_u32: self.0.host_u32.clone(),
+        }))
+    }
+
+    pub(crate) fn attachment(&self) -> Option<&Attachment> {
+        self.0.attachment.as_ref()
+    }
+
+    pub(crate) fn with_host_u32(&self, host: Arc<[u32]>) -> Tensor {
+        Tensor(Arc::new(TensorInner {
+            layout: self.0.layout.clone(),
+            dtype: self.0.dtype,
+            storage: self.0.storage.clone(),
+            attachment: self.0.attachment.clone(),
+            host_u32: Some(host),
+        }))
+    }
+
+    pub(crate) fn host_u32(&self) -> Option<&Arc<[u32]>> {
+        self.0.host_u32.as_ref()
     }
 
     /// A contiguous tensor with uninitialized contents (a pooled buffer is not zeroed).
@@ -78,7 +116,8 @@ impl Tensor {
         ))
     }
 
-    /// A new view over the same storage.
+    /// A new view over the same storage, without an attachment (views made by ops get theirs
+    /// from the autograd layer).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
         Tensor::from_parts(self.0.storage.clone(), layout, self.0.dtype)
     }

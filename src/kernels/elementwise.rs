@@ -1,5 +1,5 @@
 //! Launchers of `wgsl/elementwise.wgsl`: unary and scalar ops, binary ops with broadcasting,
-//! compare, where, fill.
+//! compare, ternary ops (where, and the backward rules of elementwise ops), fill.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -23,6 +23,7 @@ pub struct ElementwiseParams {
     pub a_strides: [u32; 8],
     pub b_strides: [u32; 8],
     pub c_strides: [u32; 8],
+    pub out_strides: [u32; 8],
     /// Element offsets of a, b, c and out.
     pub offsets: [u32; 4],
 }
@@ -41,8 +42,8 @@ pub static BINARY: KernelDesc = KernelDesc {
     storage: &[Access::ReadWrite, Access::Read, Access::Read],
     params_size: PARAMS,
 };
-pub static WHERE: KernelDesc = KernelDesc {
-    name: "select_where",
+pub static TERNARY: KernelDesc = KernelDesc {
+    name: "ternary",
     family: &FAMILY,
     storage: &[Access::ReadWrite, Access::Read, Access::Read, Access::Read],
     params_size: PARAMS,
@@ -151,26 +152,66 @@ impl BinaryOp {
     ];
 }
 
-/// The specialization of an elementwise kernel: op code, and either the vectorized contiguous
-/// path (`vec4`) or the strided scalar path.
-pub fn spec(op: u32, vec4: bool) -> Spec {
+/// The `OP` codes of `ternary_op`: where, and the backward rules (g, x, y) -> dx.
+pub mod ternary {
+    use super::{BinaryOp, UnaryOp};
+
+    /// a != 0 ? b : c.
+    pub const WHERE: u32 = 0;
+    /// g where x equals the extremum y (the backward of max and min reductions).
+    pub const EXTREMUM_BACKWARD: u32 = 300;
+    /// y (g - s), s = sum(g y) over the row.
+    pub const SOFTMAX_BACKWARD: u32 = 301;
+    /// g - exp(y) s, s = sum(g) over the row.
+    pub const LOG_SOFTMAX_BACKWARD: u32 = 302;
+
+    /// d(op)/dx times g, from x (the input) and y (the output).
+    pub const fn unary_backward(op: UnaryOp) -> u32 {
+        100 + op as u32
+    }
+
+    /// d(op)/d(left or right operand) times g, from the two operands.
+    pub const fn binary_backward(op: BinaryOp, right: bool) -> u32 {
+        200 + 2 * op as u32 + right as u32
+    }
+
+    /// Every code the engine dispatches.
+    pub fn all() -> Vec<u32> {
+        let mut v = vec![WHERE, EXTREMUM_BACKWARD, SOFTMAX_BACKWARD, LOG_SOFTMAX_BACKWARD];
+        v.extend(UnaryOp::ALL.iter().map(|op| unary_backward(*op)));
+        for op in &BinaryOp::ALL[..7] {
+            v.push(binary_backward(*op, false));
+            v.push(binary_backward(*op, true));
+        }
+        v
+    }
+}
+
+/// The specialization of an elementwise kernel: op code; the vectorized contiguous path
+/// (`vec4`) or the strided scalar path; overwrite or accumulate (`acc`) into the output.
+pub fn spec(op: u32, vec4: bool, acc: bool) -> Spec {
     Spec::new()
         .u32("OP", op)
         .ty("V", if vec4 { "vec4<f32>" } else { "f32" })
         .bool("STRIDED", !vec4)
+        .bool("ACC", acc)
 }
 
 pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for vec4 in [false, true] {
-        for op in UnaryOp::ALL {
-            v.push((&UNARY, spec(op as u32, vec4)));
+        for acc in [false, true] {
+            for op in UnaryOp::ALL {
+                v.push((&UNARY, spec(op as u32, vec4, acc)));
+            }
+            for op in BinaryOp::ALL {
+                v.push((&BINARY, spec(op as u32, vec4, acc)));
+            }
+            for code in ternary::all() {
+                v.push((&TERNARY, spec(code, vec4, acc)));
+            }
         }
-        for op in BinaryOp::ALL {
-            v.push((&BINARY, spec(op as u32, vec4)));
-        }
-        v.push((&WHERE, spec(0, vec4)));
-        v.push((&FILL, spec(0, vec4)));
+        v.push((&FILL, spec(0, vec4, false)));
     }
     v
 }

@@ -29,7 +29,8 @@ pub struct MatmulParams {
     pub b_ns: u32,
     pub c_off: u32,
     pub c_bs: u32,
-    pub _pad: [u32; 2],
+    pub c_ms: u32,
+    pub c_ns: u32,
 }
 
 pub static MATMUL: KernelDesc = KernelDesc {
@@ -105,15 +106,23 @@ pub fn choose_tile(m: usize, n: usize, batch: usize) -> Tile {
     TILES[TILES.len() - 1]
 }
 
-pub fn spec(t: Tile) -> Spec {
+/// `acc`: add the product into C (gradient accumulation) instead of overwriting it.
+pub fn spec(t: Tile, acc: bool) -> Spec {
     Spec::new()
         .u32("BM", t.bm)
         .u32("BN", t.bn)
         .u32("BK", t.bk)
         .u32("TM", t.tm)
         .u32("TN", t.tn)
+        .bool("ACC", acc)
 }
 
 pub fn variants(_f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
-    TILES.iter().map(|t| (&MATMUL, spec(*t))).collect()
+    let mut v = Vec::new();
+    for t in TILES {
+        for acc in [false, true] {
+            v.push((&MATMUL, spec(t, acc)));
+        }
+    }
+    v
 }

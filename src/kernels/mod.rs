@@ -16,6 +16,7 @@ pub mod gather;
 pub mod matmul;
 pub mod random;
 pub mod reduce;
+pub mod scatter;
 pub mod softmax;
 
 use std::collections::HashMap;
@@ -299,6 +300,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(softmax::variants());
     v.extend(matmul::variants(f16));
     v.extend(gather::variants());
+    v.extend(scatter::variants());
     v.extend(random::variants());
     v
 }

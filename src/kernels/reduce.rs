@@ -1,4 +1,4 @@
-//! Launchers of `wgsl/reduce.wgsl`: sum, mean, max, min over one axis or over everything.
+//! Launchers of `wgsl/reduce.wgsl`: sum, mean, max, min over a set of dims or everything.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -15,21 +15,25 @@ pub static FAMILY: Family = Family {
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct ReduceParams {
     pub out_numel: u32,
-    pub reduce_len: u32,
-    pub reduce_stride: u32,
+    pub red_numel: u32,
     pub rank: u32,
+    pub red_rank: u32,
     pub in_offset: u32,
     pub scale: f32,
     pub n_groups: u32,
     pub numel: u32,
+    pub out_offset: u32,
+    pub _pad: [u32; 3],
     pub shape: [u32; 8],
     pub strides: [u32; 8],
+    pub red_shape: [u32; 8],
+    pub red_strides: [u32; 8],
 }
 
 const PARAMS: u64 = std::mem::size_of::<ReduceParams>() as u64;
 
-pub static REDUCE_AXIS: KernelDesc = KernelDesc {
-    name: "reduce_axis",
+pub static REDUCE_DIMS: KernelDesc = KernelDesc {
+    name: "reduce_dims",
     family: &FAMILY,
     storage: &[Access::ReadWrite, Access::Read],
     params_size: PARAMS,
@@ -52,15 +56,18 @@ pub enum ReduceOp {
     Min = 2,
 }
 
-pub fn spec(op: ReduceOp) -> Spec {
-    Spec::new().u32("OP", op as u32)
+/// `acc`: add into the output (gradient accumulation) instead of overwriting it.
+pub fn spec(op: ReduceOp, acc: bool) -> Spec {
+    Spec::new().u32("OP", op as u32).bool("ACC", acc)
 }
 
 pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
-        v.push((&REDUCE_AXIS, spec(op)));
-        v.push((&REDUCE_PARTIAL, spec(op)));
+        for acc in [false, true] {
+            v.push((&REDUCE_DIMS, spec(op, acc)));
+            v.push((&REDUCE_PARTIAL, spec(op, acc)));
+        }
     }
     v
 }

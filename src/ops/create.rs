@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Tensor};
 use crate::kernels::elementwise::{self, ElementwiseParams};
+use crate::kernels::pack8;
 use crate::kernels::random::{self, Distribution, RandomParams};
 
 fn check_len(op: &'static str, shape: &[usize], got: usize) -> Result<()> {
@@ -32,7 +33,7 @@ impl Tensor {
         check_len("from_u32", shape, data.len())?;
         let t = Tensor::uninit(device, shape, DType::U32, "from_u32")?;
         device.upload(t.storage(), 0, bytemuck::cast_slice(data));
-        Ok(t)
+        Ok(t.with_host_u32(data.into()))
     }
 
     /// An f32 tensor filled with `value`.
@@ -46,18 +47,44 @@ impl Tensor {
         let n = if vec4 { numel / 4 } else { numel } as u64;
         let params = ElementwiseParams {
             numel: n as u32,
+            rank: 1,
             scalar: value,
+            shape: pack8(&[n as usize]),
+            out_strides: pack8(&[1]),
             ..Default::default()
         };
         let groups = device.grid(n.div_ceil(elementwise::WORKGROUP));
         device.record(
             &elementwise::FILL,
-            &elementwise::spec(0, vec4),
+            &elementwise::spec(0, vec4, false),
             &params,
             &[t.storage()],
             groups,
         );
         Ok(t)
+    }
+
+    /// Overwrites every element of this view with `value` (in order with recorded work).
+    pub(crate) fn fill_(&self, value: f32) -> Result<()> {
+        self.expect_dtype("fill", DType::F32)?;
+        let numel = self.numel();
+        if numel == 0 {
+            return Ok(());
+        }
+        let l = self.layout().coalesced();
+        let params = ElementwiseParams {
+            numel: numel as u32,
+            rank: l.rank() as u32,
+            scalar: value,
+            shape: pack8(&l.shape),
+            out_strides: pack8(&l.strides),
+            offsets: [0, 0, 0, l.offset as u32],
+            ..Default::default()
+        };
+        let device = self.device();
+        let groups = device.grid((numel as u64).div_ceil(elementwise::WORKGROUP));
+        device.record(&elementwise::FILL, &elementwise::spec(0, false, false), &params, &[self.storage()], groups);
+        Ok(())
     }
 
     pub fn zeros(device: &Device, shape: &[usize]) -> Result<Tensor> {

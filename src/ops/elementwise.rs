@@ -4,19 +4,22 @@
 //! element count and offsets allow; everything else runs the strided kernel over coalesced
 //! dims (broadcast dims have stride 0, so nothing is materialized).
 
+use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{broadcast_shape, coalesce_joint, DType, Tensor, MAX_RANK};
-use crate::kernels::elementwise::{self, BinaryOp, ElementwiseParams, UnaryOp};
+use crate::kernels::elementwise::{self, ternary, BinaryOp, ElementwiseParams, UnaryOp};
 use crate::kernels::{pack8, KernelDesc};
+use crate::ops::Out;
 
-/// Records `kernel` with op `code` over `inputs` broadcast to `out_shape`.
-fn launch(
+/// Records `kernel` with op `code` over `inputs` broadcast to `out_shape`, into `out`.
+pub(crate) fn launch(
     op: &'static str,
     kernel: &'static KernelDesc,
     code: u32,
     out_shape: &[usize],
     inputs: &[&Tensor],
     scalars: (f32, f32),
+    out: Out<'_>,
 ) -> Result<Tensor> {
     let first = inputs[0];
     for t in inputs {
@@ -24,7 +27,7 @@ fn launch(
         first.expect_same_device(op, t)?;
     }
     let device = first.device();
-    let out = Tensor::uninit(device, out_shape, DType::F32, op)?;
+    let (out, acc) = out.resolve(op, device, out_shape, inputs)?;
     let numel = out.numel();
     if numel == 0 {
         return Ok(out);
@@ -43,26 +46,27 @@ fn launch(
     let vec4 = numel % 4 == 0
         && inputs
             .iter()
+            .chain([&&out])
             .all(|t| t.shape() == out_shape && t.is_contiguous() && t.layout().offset % 4 == 0);
     let n = if vec4 {
         for (i, t) in inputs.iter().enumerate() {
             params.offsets[i] = (t.layout().offset / 4) as u32;
         }
+        params.offsets[3] = (out.layout().offset / 4) as u32;
         numel / 4
     } else {
-        let layouts: Vec<_> = inputs
-            .iter()
-            .map(|t| t.layout().broadcast_to(out_shape))
-            .collect();
+        // Operand slots a, b, c (unused ones repeat a), then the output.
+        let mut layouts: Vec<_> = inputs.iter().map(|t| t.layout().broadcast_to(out_shape)).collect();
+        while layouts.len() < 3 {
+            layouts.push(layouts[0].clone());
+        }
+        layouts.push(out.layout().clone());
         let strides: Vec<&[usize]> = layouts.iter().map(|l| l.strides.as_slice()).collect();
         let (shape, strides) = coalesce_joint(out_shape, &strides);
         if shape.len() > MAX_RANK {
             return Err(Error::InvalidArgument {
                 op,
-                reason: format!(
-                    "a view of {} non-mergeable dims (at most {MAX_RANK})",
-                    shape.len()
-                ),
+                reason: format!("a view of {} non-mergeable dims (at most {MAX_RANK})", shape.len()),
             });
         }
         params.rank = shape.len() as u32;
@@ -71,6 +75,7 @@ fn launch(
             &mut params.a_strides,
             &mut params.b_strides,
             &mut params.c_strides,
+            &mut params.out_strides,
         ];
         for (slot, s) in slots.into_iter().zip(&strides) {
             *slot = pack8(s);
@@ -84,54 +89,163 @@ fn launch(
     let groups = device.grid((n as u64).div_ceil(elementwise::WORKGROUP));
     let mut storages = vec![out.storage()];
     storages.extend(inputs.iter().map(|t| t.storage()));
-    device.record(
-        kernel,
-        &elementwise::spec(code, vec4),
-        &params,
-        &storages,
-        groups,
-    );
+    device.record(kernel, &elementwise::spec(code, vec4, acc), &params, &storages, groups);
     Ok(out)
+}
+
+/// `t` copied per `out` (new, over, or added into an existing tensor).
+pub(crate) fn launch_copy(t: &Tensor, out: Out<'_>) -> Result<Tensor> {
+    launch("copy", &elementwise::UNARY, UnaryOp::Copy as u32, t.shape(), &[t], (0.0, 0.0), out)
+}
+
+/// The backward of a unary op: g times its derivative, from the input x or the output y.
+struct UnaryBackward {
+    op: UnaryOp,
+    scalars: (f32, f32),
+    x: Option<Tensor>,
+    y: Option<Tensor>,
+}
+
+impl UnaryBackward {
+    fn needs_input(op: UnaryOp) -> bool {
+        use UnaryOp::*;
+        matches!(op, Log | Abs | Relu | Gelu | Sin | Cos | Square | PowScalar | MaxScalar | MinScalar | RdivScalar | Clamp)
+    }
+
+    fn needs_output(op: UnaryOp) -> bool {
+        use UnaryOp::*;
+        matches!(op, Exp | Sqrt | Rsqrt | Tanh | Sigmoid | Recip)
+    }
+}
+
+impl Backward for UnaryBackward {
+    fn name(&self) -> &'static str {
+        "unary"
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        if matches!(self.op, UnaryOp::Copy | UnaryOp::AddScalar) {
+            return ctx.put(0, g.clone());
+        }
+        let x = self.x.as_ref().unwrap_or(g);
+        let y = self.y.as_ref().unwrap_or(g);
+        let code = ternary::unary_backward(self.op);
+        ctx.put_with(0, |out| launch("unary_backward", &elementwise::TERNARY, code, g.shape(), &[g, x, y], self.scalars, out))
+    }
+}
+
+/// The backward of a binary op: each operand's gradient, summed back over the dims it was
+/// broadcast along.
+struct BinaryBackward {
+    op: BinaryOp,
+    a: Tensor,
+    b: Tensor,
+}
+
+impl Backward for BinaryBackward {
+    fn name(&self) -> &'static str {
+        "binary"
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        for side in 0..2 {
+            if !ctx.needed(side) {
+                continue;
+            }
+            let shape = if side == 0 { self.a.shape() } else { self.b.shape() };
+            let broadcast = shape != g.shape();
+            let pass_through = self.op == BinaryOp::Add || (self.op == BinaryOp::Sub && side == 0);
+            if pass_through {
+                if broadcast {
+                    ctx.put_with(side, |out| g.sum_to_shape_into(shape, out))?;
+                } else {
+                    ctx.put(side, g.clone())?;
+                }
+                continue;
+            }
+            let code = ternary::binary_backward(self.op, side == 1);
+            let inputs = [g, &self.a, &self.b];
+            if broadcast {
+                let full = launch("binary_backward", &elementwise::TERNARY, code, g.shape(), &inputs, (0.0, 0.0), Out::New)?;
+                ctx.put_with(side, |out| full.sum_to_shape_into(shape, out))?;
+            } else {
+                ctx.put_with(side, |out| {
+                    launch("binary_backward", &elementwise::TERNARY, code, g.shape(), &inputs, (0.0, 0.0), out)
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The backward of where: the gradient goes to x where the condition holds, to y elsewhere.
+struct WhereBackward {
+    cond: Tensor,
+    x_shape: Vec<usize>,
+    y_shape: Vec<usize>,
+}
+
+impl Backward for WhereBackward {
+    fn name(&self) -> &'static str {
+        "where"
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        let zero = Tensor::zeros(g.device(), &[])?;
+        for (side, shape) in [(1, &self.x_shape), (2, &self.y_shape)] {
+            if !ctx.needed(side) {
+                continue;
+            }
+            let inputs = if side == 1 { [&self.cond, g, &zero] } else { [&self.cond, &zero, g] };
+            let shape: &[usize] = shape;
+            if shape == g.shape() {
+                ctx.put_with(side, |out| launch("where_backward", &elementwise::TERNARY, ternary::WHERE, g.shape(), &inputs, (0.0, 0.0), out))?;
+            } else {
+                let full = launch("where_backward", &elementwise::TERNARY, ternary::WHERE, g.shape(), &inputs, (0.0, 0.0), Out::New)?;
+                ctx.put_with(side, |out| full.sum_to_shape_into(shape, out))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Tensor {
     /// A unary op; `s` and `s2` are its scalar operands where it has them.
     pub fn unary(&self, op: UnaryOp, s: f32, s2: f32) -> Result<Tensor> {
-        launch(
-            "unary",
-            &elementwise::UNARY,
-            op as u32,
-            self.shape(),
-            &[self],
-            (s, s2),
-        )
+        let out = launch("unary", &elementwise::UNARY, op as u32, self.shape(), &[self], (s, s2), Out::New)?;
+        let saved_out = out.clone();
+        Ok(record(out, &[self], || UnaryBackward {
+            op,
+            scalars: (s, s2),
+            x: UnaryBackward::needs_input(op).then(|| self.detach()),
+            y: UnaryBackward::needs_output(op).then_some(saved_out),
+        }))
     }
 
     /// A binary op with numpy broadcasting.
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
         let shape = broadcast_shape("binary", self.shape(), other.shape())?;
-        launch(
-            "binary",
-            &elementwise::BINARY,
-            op as u32,
-            &shape,
-            &[self, other],
-            (0.0, 0.0),
-        )
+        let out = launch("binary", &elementwise::BINARY, op as u32, &shape, &[self, other], (0.0, 0.0), Out::New)?;
+        if (op as u32) >= BinaryOp::Eq as u32 {
+            return Ok(out); // comparisons have no gradient
+        }
+        Ok(record(out, &[self, other], || BinaryBackward {
+            op,
+            a: self.detach(),
+            b: other.detach(),
+        }))
     }
 
-    /// `cond != 0 ? self : other`, all three broadcast together.
+    /// `cond != 0 ? x : y`, all three broadcast together (the gradient flows to x and y).
     pub fn where_cond(cond: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
         let shape = broadcast_shape("where", cond.shape(), x.shape())?;
         let shape = broadcast_shape("where", &shape, y.shape())?;
-        launch(
-            "where",
-            &elementwise::WHERE,
-            0,
-            &shape,
-            &[cond, x, y],
-            (0.0, 0.0),
-        )
+        let out = launch("where", &elementwise::TERNARY, ternary::WHERE, &shape, &[cond, x, y], (0.0, 0.0), Out::New)?;
+        Ok(record(out, &[cond, x, y], || WhereBackward {
+            cond: cond.detach(),
+            x_shape: x.shape().to_vec(),
+            y_shape: y.shape().to_vec(),
+        }))
     }
 
     pub fn add(&self, o: &Tensor) -> Result<Tensor> {

@@ -2,12 +2,60 @@
 //! operands are read through their strides; a broadcast batch that cannot be expressed as one
 //! stride is materialized first.
 
+use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{broadcast_shape, coalesce_joint, DType, Tensor};
 use crate::kernels::matmul::{self, MatmulParams};
+use crate::ops::elementwise::launch_copy;
+use crate::ops::Out;
+
+/// dA = g B^T and dB = A^T g, each written into its gradient by the matmul kernel (accumulate
+/// on for a later contribution), then summed over any batch dims the operand was broadcast on.
+struct MatmulBackward {
+    a: Tensor,
+    b: Tensor,
+}
+
+impl Backward for MatmulBackward {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        if ctx.needed(0) {
+            let bt = self.b.t()?;
+            put_product(ctx, 0, g, &bt, self.a.shape())?;
+        }
+        if ctx.needed(1) {
+            let at = self.a.t()?;
+            put_product(ctx, 1, &at, g, self.b.shape())?;
+        }
+        Ok(())
+    }
+}
+
+fn put_product(ctx: &mut BackwardCtx<'_>, i: usize, l: &Tensor, r: &Tensor, shape: &[usize]) -> Result<()> {
+    let product_batch = broadcast_shape("matmul", &l.shape()[..l.rank() - 2], &r.shape()[..r.rank() - 2])?;
+    if product_batch == shape[..shape.len() - 2] {
+        ctx.put_with(i, |out| l.matmul_into(r, out))
+    } else {
+        let full = l.matmul_into(r, Out::New)?;
+        ctx.put_with(i, |out| full.sum_to_shape_into(shape, out))
+    }
+}
 
 impl Tensor {
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let out = self.matmul_into(other, Out::New)?;
+        Ok(record(out, &[self, other], || MatmulBackward {
+            a: self.detach(),
+            b: other.detach(),
+        }))
+    }
+
+    /// The product written per `out`; an output view whose batch dims do not merge into one
+    /// stride gets the product through a copy.
+    pub(crate) fn matmul_into(&self, other: &Tensor, out: Out<'_>) -> Result<Tensor> {
         const OP: &str = "matmul";
         self.expect_dtype(OP, DType::F32)?;
         other.expect_dtype(OP, DType::F32)?;
@@ -47,8 +95,8 @@ impl Tensor {
         a_shape.extend([m, k]);
         let mut b_shape = batch_shape.clone();
         b_shape.extend([k, n]);
-        let mut a = self.broadcast_to(&a_shape)?;
-        let mut b = other.broadcast_to(&b_shape)?;
+        let mut a = self.detach().broadcast_to(&a_shape)?;
+        let mut b = other.detach().broadcast_to(&b_shape)?;
         let nb = batch_shape.len();
         let (mut bshape, mut bstrides) =
             coalesce_joint(&batch_shape, &[&a.strides()[..nb], &b.strides()[..nb]]);
@@ -64,15 +112,25 @@ impl Tensor {
             bstrides[0].first().copied().unwrap_or(0),
             bstrides[1].first().copied().unwrap_or(0),
         );
-        let mut out_shape = batch_shape;
+        let mut out_shape = batch_shape.clone();
         out_shape.extend([m, n]);
-        let out = Tensor::uninit(self.device(), &out_shape, DType::F32, OP)?;
+        let (out, acc) = out.resolve(OP, self.device(), &out_shape, &[self, other])?;
         if out.numel() == 0 {
             return Ok(out);
         }
         if k == 0 {
-            return Tensor::zeros(self.device(), &out_shape);
+            if !acc {
+                out.fill_(0.0)?;
+            }
+            return Ok(out);
         }
+        let (cshape, cstrides) = coalesce_joint(&batch_shape, &[&out.strides()[..nb]]);
+        if cshape.len() > 1 {
+            let fresh = self.matmul_into(other, Out::New)?;
+            return launch_copy(&fresh, if acc { Out::Acc(&out) } else { Out::Write(&out) });
+        }
+        let c_bs = cstrides[0].first().copied().unwrap_or(0);
+        let cr = out.rank();
         let max_groups = self
             .device()
             .gpu()
@@ -99,9 +157,10 @@ impl Tensor {
             b_bs: b_bs as u32,
             b_ks: b.strides()[br - 2] as u32,
             b_ns: b.strides()[br - 1] as u32,
-            c_off: 0,
-            c_bs: (m * n) as u32,
-            _pad: [0; 2],
+            c_off: out.layout().offset as u32,
+            c_bs: c_bs as u32,
+            c_ms: out.strides()[cr - 2] as u32,
+            c_ns: out.strides()[cr - 1] as u32,
         };
         let tile = matmul::choose_tile(m, n, batch);
         let groups = [
@@ -111,7 +170,7 @@ impl Tensor {
         ];
         self.device().record(
             &matmul::MATMUL,
-            &matmul::spec(tile),
+            &matmul::spec(tile, acc),
             &params,
             &[out.storage(), a.storage(), b.storage()],
             groups,

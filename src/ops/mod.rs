@@ -1,5 +1,5 @@
-//! The public tensor ops. Each file records its op's forward dispatches (and, with the
-//! autograd issue, its backward rule) in one place; kernels live in `crate::kernels`.
+//! The public tensor ops. Each file records its op's forward dispatches and its backward rule
+//! in one place; kernels live in `crate::kernels`.
 
 mod create;
 mod elementwise;
@@ -11,3 +11,47 @@ mod view;
 
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
 pub use crate::kernels::reduce::ReduceOp;
+
+pub(crate) use elementwise::launch_copy;
+pub(crate) use reduce::ReduceBackward;
+
+use crate::error::{Error, Result};
+use crate::graph::{DType, Device, Tensor};
+
+/// Where an op writes its result: a new tensor, over an existing one, or added into an
+/// existing one (gradient accumulation in place: the producing kernel does the add).
+#[derive(Clone, Copy)]
+pub(crate) enum Out<'a> {
+    New,
+    Write(&'a Tensor),
+    Acc(&'a Tensor),
+}
+
+impl Out<'_> {
+    /// The output tensor (checked against `shape`) and whether the kernel accumulates.
+    pub(crate) fn resolve(self, op: &'static str, device: &Device, shape: &[usize], inputs: &[&Tensor]) -> Result<(Tensor, bool)> {
+        let (t, acc) = match self {
+            Out::New => return Ok((Tensor::uninit(device, shape, DType::F32, op)?, false)),
+            Out::Write(t) => (t, false),
+            Out::Acc(t) => (t, true),
+        };
+        if t.shape() != shape {
+            return Err(Error::ShapeMismatch {
+                op,
+                expected: format!("an output of shape {shape:?}"),
+                got: t.shape().to_vec(),
+            });
+        }
+        t.expect_dtype(op, DType::F32)?;
+        if !t.device().same(device) {
+            return Err(Error::DeviceMismatch { op });
+        }
+        if inputs.iter().any(|i| i.same_storage(t)) {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "the output aliases an input (write into a separate tensor)".into(),
+            });
+        }
+        Ok((t.clone(), acc))
+    }
+}

@@ -1,8 +1,39 @@
 //! Softmax and log-softmax over the last axis (f32 statistics, one workgroup per row).
 
+use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
+use crate::kernels::elementwise::{self, ternary};
 use crate::kernels::softmax::{self, SoftmaxParams};
+use crate::ops::elementwise::launch;
+
+/// softmax: dx = y (g - sum(g y)); log-softmax: dx = g - exp(y) sum(g); sums over the row.
+struct SoftmaxBackward {
+    y: Tensor,
+    log: bool,
+}
+
+impl Backward for SoftmaxBackward {
+    fn name(&self) -> &'static str {
+        if self.log {
+            "log_softmax"
+        } else {
+            "softmax"
+        }
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        let (sum, code) = if self.log {
+            (g.sum(-1, true)?, ternary::LOG_SOFTMAX_BACKWARD)
+        } else {
+            (g.mul(&self.y)?.sum(-1, true)?, ternary::SOFTMAX_BACKWARD)
+        };
+        let sum = sum.broadcast_to(g.shape())?;
+        ctx.put_with(0, |out| {
+            launch("softmax_backward", &elementwise::TERNARY, code, g.shape(), &[g, &sum, &self.y], (0.0, 0.0), out)
+        })
+    }
+}
 
 impl Tensor {
     pub fn softmax(&self) -> Result<Tensor> {
@@ -44,6 +75,7 @@ impl Tensor {
             &[out.storage(), x.storage()],
             groups,
         );
-        Ok(out)
+        let y = out.clone();
+        Ok(record(out, &[&x], || SoftmaxBackward { y, log }))
     }
 }

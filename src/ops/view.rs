@@ -1,9 +1,25 @@
 //! Views without copies: reshape, permute, transpose, narrow (slice), broadcast, (un)squeeze;
 //! and `contiguous`, the one copy a kernel that needs row-major data asks for.
 
+use crate::autograd::{record, record_view, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{broadcast_shape, resolve_dim, Tensor};
 use crate::kernels::elementwise::UnaryOp;
+
+/// A broadcast view reads each element many times: its gradient sums back over those reads.
+struct BroadcastBackward {
+    shape: Vec<usize>,
+}
+
+impl Backward for BroadcastBackward {
+    fn name(&self) -> &'static str {
+        "broadcast_to"
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        ctx.put_with(0, |out| g.sum_to_shape_into(&self.shape, out))
+    }
+}
 
 impl Tensor {
     /// The same elements with another shape: a view when the layout allows, else a copy.
@@ -17,7 +33,7 @@ impl Tensor {
             });
         }
         match self.layout().reshape(shape) {
-            Some(l) => Ok(self.with_layout(l)),
+            Some(l) => Ok(record_view(self, self.with_layout(l))),
             None => self.contiguous()?.reshape(shape),
         }
     }
@@ -39,7 +55,7 @@ impl Tensor {
                 ),
             });
         }
-        Ok(self.with_layout(self.layout().permute(dims)))
+        Ok(record_view(self, self.with_layout(self.layout().permute(dims))))
     }
 
     /// Dims `d0` and `d1` swapped (negative dims count from the end).
@@ -70,7 +86,7 @@ impl Tensor {
                 ),
             });
         }
-        Ok(self.with_layout(self.layout().narrow(d, start, len)))
+        Ok(record_view(self, self.with_layout(self.layout().narrow(d, start, len))))
     }
 
     /// This tensor seen with shape `shape` (numpy broadcasting), without a copy.
@@ -83,7 +99,13 @@ impl Tensor {
                 rhs: shape.to_vec(),
             });
         }
-        Ok(self.with_layout(self.layout().broadcast_to(shape)))
+        let view = self.with_layout(self.layout().broadcast_to(shape));
+        if self.shape() == shape {
+            return Ok(record_view(self, view));
+        }
+        Ok(record(view, &[self], || BroadcastBackward {
+            shape: self.shape().to_vec(),
+        }))
     }
 
     /// A dim of size 1 inserted at `dim` (0..=rank; negative counts from the end).
@@ -97,7 +119,7 @@ impl Tensor {
         };
         l.shape.insert(d, 1);
         l.strides.insert(d, stride);
-        Ok(self.with_layout(l))
+        Ok(record_view(self, self.with_layout(l)))
     }
 
     /// The size-1 dim `dim` removed.
@@ -113,7 +135,7 @@ impl Tensor {
         let mut l = self.layout().clone();
         l.shape.remove(d);
         l.strides.remove(d);
-        Ok(self.with_layout(l))
+        Ok(record_view(self, self.with_layout(l)))
     }
 
     /// A row-major copy, or this tensor when it already is row-major.

@@ -1,0 +1,262 @@
+//! The backward traversal and the context a rule writes its input gradients through.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::{meta, no_grad, Meta, Node};
+use crate::error::{Error, Result};
+use crate::graph::{Layout, Phase, Tensor};
+use crate::ops::Out;
+
+/// Gradients of non-leaf tensors during one traversal, by node id; `owned` says the buffer was
+/// made for this gradient alone (so later contributions may be added into it in place).
+#[derive(Default)]
+struct GradStore {
+    grads: HashMap<u64, (Tensor, bool)>,
+}
+
+/// What a rule sees: its inputs, and where each input's gradient goes.
+pub(crate) struct BackwardCtx<'a> {
+    inputs: &'a [Tensor],
+    store: &'a mut GradStore,
+}
+
+/// How a target buffer is written.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Write,
+    Acc,
+}
+
+impl BackwardCtx<'_> {
+    pub(crate) fn input(&self, i: usize) -> &Tensor {
+        &self.inputs[i]
+    }
+
+    /// Whether input `i` wants a gradient.
+    pub(crate) fn needed(&self, i: usize) -> bool {
+        meta(&self.inputs[i]).is_some()
+    }
+
+    /// Computes input `i`'s gradient contribution with `f`, which writes it per the target it
+    /// is given (a new tensor, or an existing gradient buffer to overwrite or add into).
+    pub(crate) fn put_with(&mut self, i: usize, f: impl FnOnce(Out<'_>) -> Result<Tensor>) -> Result<()> {
+        let x = &self.inputs[i];
+        match meta(x) {
+            None => Ok(()),
+            Some(Meta::Leaf(leaf)) => {
+                let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
+                match (slot.grad.clone(), slot.stale) {
+                    (Some(buf), true) => {
+                        f(Out::Write(&buf))?;
+                    }
+                    (Some(buf), false) => {
+                        f(Out::Acc(&buf))?;
+                    }
+                    (None, _) => {
+                        let buf = f(Out::New)?;
+                        slot.grad = Some(buf.detach());
+                    }
+                }
+                slot.stale = false;
+                Ok(())
+            }
+            Some(Meta::Node(node)) => {
+                match self.store.grads.remove(&node.id) {
+                    None => {
+                        let t = f(Out::New)?;
+                        self.store.grads.insert(node.id, (t.detach(), true));
+                    }
+                    Some((buf, true)) => {
+                        f(Out::Acc(&buf))?;
+                        self.store.grads.insert(node.id, (buf, true));
+                    }
+                    Some((shared, false)) => {
+                        // The gradient so far is borrowed (another tensor's): sum into a new one.
+                        let t = f(Out::New)?;
+                        let sum = shared.add(&t)?;
+                        self.store.grads.insert(node.id, (sum, true));
+                    }
+                }
+                Ok(())
+            }
+            Some(Meta::View { base }) => {
+                let covers = x.numel() == base.numel();
+                let (buf, mode) = self.full_target(base, covers)?;
+                let view = buf.with_layout(Layout {
+                    shape: x.shape().to_vec(),
+                    strides: x.strides().to_vec(),
+                    offset: x.layout().offset - base.layout().offset,
+                });
+                match mode {
+                    Mode::Write => f(Out::Write(&view))?,
+                    Mode::Acc => f(Out::Acc(&view))?,
+                };
+                Ok(())
+            }
+        }
+    }
+
+    /// Input `i`'s gradient is `t` (a tensor computed elsewhere, e.g. the output gradient
+    /// passed through): kept without a copy where nothing else will write into it.
+    pub(crate) fn put(&mut self, i: usize, t: Tensor) -> Result<()> {
+        if let Some(Meta::Node(node)) = meta(&self.inputs[i]) {
+            if !self.store.grads.contains_key(&node.id) {
+                self.store.grads.insert(node.id, (t, false));
+                return Ok(());
+            }
+        }
+        self.put_with(i, |out| copy_into(&t, out))
+    }
+
+    /// The whole gradient buffer of `base` (a leaf or node) for a view's contribution: made on
+    /// first use (zeroed unless the view covers it), owned, in place.
+    fn full_target(&mut self, base: &Tensor, covers: bool) -> Result<(Tensor, Mode)> {
+        let fresh = |covers: bool| -> Result<(Tensor, Mode)> {
+            if covers {
+                Ok((Tensor::uninit(base.device(), base.shape(), crate::graph::DType::F32, "backward")?, Mode::Write))
+            } else {
+                Ok((Tensor::zeros(base.device(), base.shape())?, Mode::Acc))
+            }
+        };
+        match meta(base) {
+            Some(Meta::Leaf(leaf)) => {
+                let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
+                let out = match (slot.grad.clone(), slot.stale) {
+                    (Some(buf), false) => (buf, Mode::Acc),
+                    (Some(buf), true) if covers => (buf, Mode::Write),
+                    (Some(buf), true) => {
+                        buf.fill_(0.0)?;
+                        (buf, Mode::Acc)
+                    }
+                    (None, _) => {
+                        let (buf, mode) = fresh(covers)?;
+                        slot.grad = Some(buf.clone());
+                        (buf, mode)
+                    }
+                };
+                slot.stale = false;
+                Ok(out)
+            }
+            Some(Meta::Node(node)) => {
+                let out = match self.store.grads.remove(&node.id) {
+                    Some((buf, true)) => (buf, Mode::Acc),
+                    Some((shared, false)) => (copy_into(&shared, Out::New)?, Mode::Acc),
+                    None => fresh(covers)?,
+                };
+                self.store.grads.insert(node.id, (out.0.clone(), true));
+                Ok(out)
+            }
+            _ => Err(Error::InvalidArgument {
+                op: "backward",
+                reason: "a view's base is itself a view (an engine invariant was broken)".into(),
+            }),
+        }
+    }
+}
+
+/// `t` copied per `out` (a new tensor, or over / added into an existing one).
+fn copy_into(t: &Tensor, out: Out<'_>) -> Result<Tensor> {
+    crate::ops::launch_copy(t, out)
+}
+
+fn node_of(t: &Tensor) -> Option<Arc<Node>> {
+    match meta(t)? {
+        Meta::Node(n) => Some(n.clone()),
+        Meta::View { base } => node_of(base),
+        Meta::Leaf(_) => None,
+    }
+}
+
+/// Nodes reachable from `root`, each after every node that consumes it (root first).
+fn reverse_topological(root: &Tensor) -> Result<Vec<Arc<Node>>> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    let Some(start) = node_of(root) else {
+        return Ok(order);
+    };
+    // Iterative post-order DFS (graphs are deep: one node per op of a whole model).
+    let mut stack: Vec<(Arc<Node>, Vec<Arc<Node>>)> = Vec::new();
+    let children = |n: &Arc<Node>| -> Result<Vec<Arc<Node>>> {
+        let inputs = n.inputs.lock().unwrap_or_else(|e| e.into_inner());
+        if n.rule.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            return Err(Error::InvalidArgument {
+                op: "backward",
+                reason: format!(
+                    "the graph through `{}` was released by an earlier backward; run the forward pass again",
+                    n.name
+                ),
+            });
+        }
+        Ok(inputs.iter().filter_map(node_of).collect())
+    };
+    seen.insert(start.id);
+    let kids = children(&start)?;
+    stack.push((start, kids));
+    while let Some((node, kids)) = stack.last_mut() {
+        if let Some(kid) = kids.pop() {
+            if seen.insert(kid.id) {
+                let grandkids = children(&kid)?;
+                stack.push((kid, grandkids));
+            }
+        } else {
+            order.push(node.clone());
+            stack.pop();
+        }
+    }
+    order.reverse();
+    Ok(order)
+}
+
+pub(super) fn run(root: &Tensor, seed: &Tensor) -> Result<()> {
+    if meta(root).is_none() {
+        return Err(Error::InvalidArgument {
+            op: "backward",
+            reason: "the tensor does not require grad (none of its inputs was made with requires_grad)".into(),
+        });
+    }
+    if seed.shape() != root.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "backward",
+            expected: format!("a seed gradient of shape {:?}", root.shape()),
+            got: seed.shape().to_vec(),
+        });
+    }
+    let device = root.device().clone();
+    let previous = device.set_phase(Phase::Backward);
+    let result = no_grad(|| traverse(root, seed));
+    device.set_phase(previous);
+    result
+}
+
+fn traverse(root: &Tensor, seed: &Tensor) -> Result<()> {
+    let order = reverse_topological(root)?;
+    let mut store = GradStore::default();
+    let roots = [root.clone()];
+    BackwardCtx {
+        inputs: &roots,
+        store: &mut store,
+    }
+    .put(0, seed.clone())?;
+    for node in order {
+        let Some((g, _)) = store.grads.remove(&node.id) else {
+            continue; // no gradient reached this node
+        };
+        let rule = node.rule.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let inputs = std::mem::take(&mut *node.inputs.lock().unwrap_or_else(|e| e.into_inner()));
+        let Some(rule) = rule else {
+            return Err(Error::InvalidArgument {
+                op: "backward",
+                reason: format!("the graph through `{}` was already released", node.name),
+            });
+        };
+        let mut ctx = BackwardCtx {
+            inputs: &inputs,
+            store: &mut store,
+        };
+        tracing::trace!(node = node.name, "backward");
+        rule.backward(&g, &mut ctx)?;
+        // The rule's saved state, the inputs and g are released here.
+    }
+    Ok(())
+}

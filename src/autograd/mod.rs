@@ -1,0 +1,201 @@
+//! Reverse-mode autograd over the lazy ops.
+//!
+//! A tensor that needs a gradient carries a record (`Meta`): a `Leaf` (a parameter, its
+//! gradient persisting across steps), a `Node` (the result of an op: its backward rule with
+//! exactly the state it saved, and its inputs), or a `View` of such a tensor (reshape,
+//! permute, narrow: the view's layout says where its gradient lands in the base's gradient).
+//!
+//! `backward` walks the nodes in reverse topological order and records each rule's kernels into
+//! the same lazy Segment as the forward pass: no host sync. Each rule writes its contribution
+//! through a target the traversal chooses (`Out`): a new tensor for a first contribution, the
+//! persisted gradient buffer of a leaf (overwritten by the first write after `zero_grad`:
+//! zeroing folded into that write), or that buffer again with accumulate on, so a second
+//! contribution is added by the producing kernel itself. Saved tensors and inputs are released
+//! as soon as their rule has been recorded; the graph is gone after backward.
+
+mod backward;
+pub mod gradcheck;
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub(crate) use backward::BackwardCtx;
+
+use crate::error::{Error, Result};
+use crate::graph::Tensor;
+use crate::kernels::reduce::ReduceOp;
+
+/// A backward rule: from the gradient of the output, the gradients of the inputs.
+pub(crate) trait Backward: Send + Sync {
+    fn name(&self) -> &'static str;
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()>;
+}
+
+pub(crate) struct Node {
+    id: u64,
+    name: &'static str,
+    rule: Mutex<Option<Box<dyn Backward>>>,
+    inputs: Mutex<Vec<Tensor>>,
+}
+
+pub(crate) struct Leaf {
+    id: u64,
+    grad: Mutex<GradSlot>,
+}
+
+#[derive(Default)]
+struct GradSlot {
+    grad: Option<Tensor>,
+    /// Logically zero: the next write overwrites instead of adding.
+    stale: bool,
+}
+
+pub(crate) enum Meta {
+    Leaf(Arc<Leaf>),
+    Node(Arc<Node>),
+    /// A view of `base` (a leaf or node tensor, never itself a view).
+    View { base: Tensor },
+}
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    static NO_GRAD_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Runs `f` without recording any backward work (inference, optimizer updates).
+pub fn no_grad<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            NO_GRAD_DEPTH.with(|d| d.set(d.get() - 1));
+        }
+    }
+    NO_GRAD_DEPTH.with(|d| d.set(d.get() + 1));
+    let _restore = Restore;
+    f()
+}
+
+pub fn grad_enabled() -> bool {
+    NO_GRAD_DEPTH.with(|d| d.get() == 0)
+}
+
+pub(crate) fn meta(t: &Tensor) -> Option<&Meta> {
+    t.attachment().and_then(|a| a.downcast_ref::<Meta>())
+}
+
+/// The tensor whose gradient `t`'s gradient lands in (itself, or the base of a view).
+pub(crate) fn holder(t: &Tensor) -> Option<Tensor> {
+    match meta(t)? {
+        Meta::View { base } => Some(base.clone()),
+        _ => Some(t.clone()),
+    }
+}
+
+pub(crate) fn holder_id(t: &Tensor) -> Option<u64> {
+    match meta(t)? {
+        Meta::Leaf(l) => Some(l.id),
+        Meta::Node(n) => Some(n.id),
+        Meta::View { base } => holder_id(base),
+    }
+}
+
+/// Attaches a backward node to `out` when recording is on and an input needs a gradient.
+/// `rule` is built only then (it saves tensors).
+pub(crate) fn record<B: Backward + 'static>(out: Tensor, inputs: &[&Tensor], rule: impl FnOnce() -> B) -> Tensor {
+    if !grad_enabled() || !inputs.iter().any(|t| meta(t).is_some()) {
+        return out;
+    }
+    let rule = rule();
+    let node = Node {
+        id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+        name: rule.name(),
+        rule: Mutex::new(Some(Box::new(rule))),
+        inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
+    };
+    out.with_attachment(Some(Arc::new(Meta::Node(Arc::new(node)))))
+}
+
+/// The view `view` of `src` gets `src`'s record (an injective view: reshape, permute, narrow).
+pub(crate) fn record_view(src: &Tensor, view: Tensor) -> Tensor {
+    if !grad_enabled() {
+        return view;
+    }
+    match holder(src) {
+        Some(base) => view.with_attachment(Some(Arc::new(Meta::View { base }))),
+        None => view,
+    }
+}
+
+/// The record of a reduction (kept dims of size 1 in `out`).
+pub(crate) fn record_reduce(x: &Tensor, out: Tensor, op: ReduceOp, dims: &[usize], scale: f32) -> Result<Tensor> {
+    let keep_shape: Vec<usize> = (0..x.rank()).map(|d| if dims.contains(&d) { 1 } else { x.shape()[d] }).collect();
+    let plain = out.clone();
+    Ok(record(out, &[x], || crate::ops::ReduceBackward::new(op, x, &plain, keep_shape, scale)))
+}
+
+impl Tensor {
+    /// This tensor as a parameter: a leaf whose gradient `backward` fills and that persists
+    /// until `zero_grad`.
+    pub fn requires_grad(&self) -> Tensor {
+        let leaf = Leaf {
+            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
+            grad: Mutex::new(GradSlot::default()),
+        };
+        self.with_attachment(Some(Arc::new(Meta::Leaf(Arc::new(leaf)))))
+    }
+
+    /// Whether backward will reach this tensor.
+    pub fn needs_grad(&self) -> bool {
+        meta(self).is_some()
+    }
+
+    /// The same values, cut from the graph.
+    pub fn detach(&self) -> Tensor {
+        self.with_attachment(None)
+    }
+
+    /// The gradient of a leaf (None before the first backward, after `zero_grad`, or for a
+    /// tensor that is not a leaf).
+    pub fn grad(&self) -> Option<Tensor> {
+        match meta(self)? {
+            Meta::Leaf(l) => {
+                let slot = l.grad.lock().unwrap_or_else(|e| e.into_inner());
+                if slot.stale {
+                    None
+                } else {
+                    slot.grad.clone()
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Marks the gradient as zero without a dispatch: the next backward overwrites the buffer.
+    pub fn zero_grad(&self) {
+        if let Some(Meta::Leaf(l)) = meta(self) {
+            l.grad.lock().unwrap_or_else(|e| e.into_inner()).stale = true;
+        }
+    }
+
+    /// Backward from a one-element tensor (seed 1).
+    pub fn backward(&self) -> Result<()> {
+        if self.numel() != 1 {
+            return Err(Error::InvalidArgument {
+                op: "backward",
+                reason: format!(
+                    "backward without a seed gradient needs a one-element tensor, got shape {:?}; use backward_with",
+                    self.shape()
+                ),
+            });
+        }
+        let seed = Tensor::ones(self.device(), self.shape())?;
+        self.backward_with(&seed)
+    }
+
+    /// Backward with `seed` as the gradient of this tensor.
+    pub fn backward_with(&self, seed: &Tensor) -> Result<()> {
+        backward::run(self, seed)
+    }
+}
