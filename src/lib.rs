@@ -12,7 +12,7 @@ pub mod memory;
 pub mod ops;
 
 pub use device::DeviceOptions;
-/// The wgpu this engine is built on (for `DeviceOptions` features and backends).
-pub use wgpu;
 pub use error::{Error, Result};
 pub use graph::{Counters, DType, Device, Tensor};
+/// The wgpu this engine is built on (for `DeviceOptions` features and backends).
+pub use wgpu;

@@ -6,7 +6,8 @@
 //   stride over r, then a workgroup reduction (subgroups where present).
 // reduce_partial: stage 1 of a reduction over all numel elements (strided by shape/strides):
 //   n_groups workgroups, workgroup g folds elements g*256+lid, stepping n_groups*256, into
-//   partial[g]. Stage 2 is reduce_axis over the partials.
+//   partial[g] (times scale: the final result when n_groups is 1). Stage 2 is reduce_axis
+//   over the partials.
 //
 // Specialization: OP (0 sum, 1 max, 2 min).
 
@@ -82,6 +83,6 @@ fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     }
     acc = wg_reduce(acc, lanes, OP);
     if (lanes.lid == 0u) {
-        out[g] = acc;
+        out[g] = acc * p.scale;
     }
 }
