@@ -13,8 +13,8 @@ pub mod memory;
 pub mod ops;
 
 pub use device::DeviceOptions;
-/// The wgpu this engine is built on (for `DeviceOptions` features and backends).
-pub use wgpu;
 pub use error::{Error, Result};
 pub use autograd::no_grad;
 pub use graph::{Counters, DType, Device, Phase, Tensor};
+/// The wgpu this engine is built on (for `DeviceOptions` features and backends).
+pub use wgpu;

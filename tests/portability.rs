@@ -5,10 +5,19 @@
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use wgrad::kernels::{all_variants, compose_source, KernelDesc, Spec};
 
-fn parse(kernel: &KernelDesc, spec: &Spec, subgroups: bool) -> (naga::Module, naga::valid::ModuleInfo) {
+fn parse(
+    kernel: &KernelDesc,
+    spec: &Spec,
+    subgroups: bool,
+) -> (naga::Module, naga::valid::ModuleInfo) {
     let src = compose_source(kernel.family, spec, subgroups);
     let module = naga::front::wgsl::parse_str(&src).unwrap_or_else(|e| {
-        panic!("{} [{}] (subgroups {subgroups}) does not parse:\n{}", kernel.name, spec.describe(), e.emit_to_string(&src))
+        panic!(
+            "{} [{}] (subgroups {subgroups}) does not parse:\n{}",
+            kernel.name,
+            spec.describe(),
+            e.emit_to_string(&src)
+        )
     });
     let caps = if subgroups {
         Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16
@@ -20,7 +29,12 @@ fn parse(kernel: &KernelDesc, spec: &Spec, subgroups: bool) -> (naga::Module, na
         .subgroup_operations(naga::valid::SubgroupOperationSet::all())
         .validate(&module)
         .unwrap_or_else(|e| {
-            panic!("{} [{}] (subgroups {subgroups}) fails validation:\n{}", kernel.name, spec.describe(), e.emit_to_string(&src))
+            panic!(
+                "{} [{}] (subgroups {subgroups}) fails validation:\n{}",
+                kernel.name,
+                spec.describe(),
+                e.emit_to_string(&src)
+            )
         });
     (module, info)
 }
@@ -28,9 +42,20 @@ fn parse(kernel: &KernelDesc, spec: &Spec, subgroups: bool) -> (naga::Module, na
 #[test]
 fn every_variant_translates_to_msl_hlsl_and_spirv() {
     let variants = all_variants(true);
-    let families: std::collections::BTreeSet<_> = variants.iter().map(|(k, _)| k.family.name).collect();
-    for family in ["elementwise", "reduce", "softmax", "matmul", "gather", "random"] {
-        assert!(families.contains(family), "no variant of the {family} family is listed");
+    let families: std::collections::BTreeSet<_> =
+        variants.iter().map(|(k, _)| k.family.name).collect();
+    for family in [
+        "elementwise",
+        "reduce",
+        "softmax",
+        "matmul",
+        "gather",
+        "random",
+    ] {
+        assert!(
+            families.contains(family),
+            "no variant of the {family} family is listed"
+        );
     }
     for (kernel, spec) in &variants {
         for subgroups in [true, false] {
@@ -38,7 +63,11 @@ fn every_variant_translates_to_msl_hlsl_and_spirv() {
                 continue; // identical source
             }
             let (module, info) = parse(kernel, spec, subgroups);
-            let what = format!("{} [{}] (subgroups {subgroups})", kernel.name, spec.describe());
+            let what = format!(
+                "{} [{}] (subgroups {subgroups})",
+                kernel.name,
+                spec.describe()
+            );
             let entry = Some((naga::ShaderStage::Compute, kernel.name.to_string()));
 
             let msl_options = naga::back::msl::Options {
@@ -86,7 +115,9 @@ fn params_structs_match_their_wgsl_mirrors() {
             .types
             .iter()
             .find_map(|(_, ty)| match (&ty.name, &ty.inner) {
-                (Some(name), naga::TypeInner::Struct { span, .. }) if name == "Params" => Some(*span),
+                (Some(name), naga::TypeInner::Struct { span, .. }) if name == "Params" => {
+                    Some(*span)
+                }
                 _ => None,
             })
             .unwrap_or_else(|| panic!("{}: no `struct Params` in its WGSL", kernel.name));
@@ -95,6 +126,11 @@ fn params_structs_match_their_wgsl_mirrors() {
             "{}: WGSL Params is {span} bytes, the Rust params struct {}",
             kernel.name, kernel.params_size
         );
-        assert_eq!(kernel.params_size % 16, 0, "{}: uniform structs are 16-byte multiples", kernel.name);
+        assert_eq!(
+            kernel.params_size % 16,
+            0,
+            "{}: uniform structs are 16-byte multiples",
+            kernel.name
+        );
     }
 }

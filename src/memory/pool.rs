@@ -7,7 +7,7 @@
 //! `queue.write_buffer` (which would run before earlier recorded work): they go through the
 //! encoder in order (see `GpuArena` and `graph::segment`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -71,7 +71,11 @@ impl PoolStats {
 pub struct BufferPool {
     label: &'static str,
     usage: wgpu::BufferUsages,
-    free: HashMap<u64, Vec<PooledBuffer>>,
+    /// Free buffers by class, each class ordered by buffer id: a request takes the oldest
+    /// buffer, so the same sequence of requests and releases gets the same buffers every step
+    /// (and the bind groups cached for them keep hitting). LIFO lists reshuffle instead: a
+    /// repeated workload created new bind groups for 12 repeats (tests/ops.rs, lavapipe).
+    free: HashMap<u64, BTreeMap<u64, PooledBuffer>>,
     stats: PoolStats,
 }
 
@@ -89,8 +93,8 @@ impl BufferPool {
     pub fn acquire(&mut self, device: &wgpu::Device, bytes: u64) -> PooledBuffer {
         let size = size_class(bytes);
         self.stats.requests += 1;
-        let buf = match self.free.get_mut(&size).and_then(Vec::pop) {
-            Some(buf) => {
+        let buf = match self.free.get_mut(&size).and_then(|c| c.pop_first()) {
+            Some((_, buf)) => {
                 self.stats.reuses += 1;
                 self.stats.bytes_cached -= size;
                 buf
@@ -118,14 +122,14 @@ impl BufferPool {
     pub fn release(&mut self, buf: PooledBuffer) {
         self.stats.bytes_live -= buf.size;
         self.stats.bytes_cached += buf.size;
-        self.free.entry(buf.size).or_default().push(buf);
+        self.free.entry(buf.size).or_default().insert(buf.id, buf);
     }
 
     /// Destroys every cached buffer; returns the ids destroyed (their bind groups are stale).
     pub fn trim(&mut self) -> Vec<u64> {
         let mut ids = Vec::new();
         for (_, list) in self.free.drain() {
-            for buf in list {
+            for (_, buf) in list {
                 buf.buffer.destroy();
                 ids.push(buf.id);
             }

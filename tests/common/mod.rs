@@ -120,7 +120,12 @@ pub fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
     if let Some((i, err)) = worst {
         if err > tol {
             let nf = first_nonfinite
-                .map(|j| format!("; first non-finite mismatch at [{j}]: got {}, want {}", got[j], want[j]))
+                .map(|j| {
+                    format!(
+                        "; first non-finite mismatch at [{j}]: got {}, want {}",
+                        got[j], want[j]
+                    )
+                })
                 .unwrap_or_default();
             panic!(
                 "{what}: {bad} of {} elements off; worst [{i}]: got {}, want {} (error {err:.3e} > \
@@ -167,8 +172,16 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Vec<usize> {
     let rank = a.len().max(b.len());
     (0..rank)
         .map(|i| {
-            let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
-            let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+            let da = if i + a.len() >= rank {
+                a[i + a.len() - rank]
+            } else {
+                1
+            };
+            let db = if i + b.len() >= rank {
+                b[i + b.len() - rank]
+            } else {
+                1
+            };
             match (da, db) {
                 (x, y) if x == y => x,
                 (1, y) => y,
@@ -188,7 +201,11 @@ pub struct Arr {
 
 impl Arr {
     pub fn new(shape: &[usize], data: Vec<f64>) -> Arr {
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "Arr::new {shape:?}");
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "Arr::new {shape:?}"
+        );
         Arr {
             shape: shape.to_vec(),
             data,
@@ -311,7 +328,13 @@ impl Arr {
         Arr::new(
             &shape,
             (0..c.numel())
-                .map(|i| if c.data[i] != 0.0 { x.data[i] } else { y.data[i] })
+                .map(|i| {
+                    if c.data[i] != 0.0 {
+                        x.data[i]
+                    } else {
+                        y.data[i]
+                    }
+                })
                 .collect(),
         )
     }
