@@ -12,9 +12,9 @@ pub mod kernels;
 pub mod memory;
 pub mod ops;
 
+pub use autograd::no_grad;
 pub use device::DeviceOptions;
 pub use error::{Error, Result};
-pub use autograd::no_grad;
 pub use graph::{Counters, DType, Device, Phase, Tensor};
 /// The wgpu this engine is built on (for `DeviceOptions` features and backends).
 pub use wgpu;

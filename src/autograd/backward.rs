@@ -40,7 +40,11 @@ impl BackwardCtx<'_> {
 
     /// Computes input `i`'s gradient contribution with `f`, which writes it per the target it
     /// is given (a new tensor, or an existing gradient buffer to overwrite or add into).
-    pub(crate) fn put_with(&mut self, i: usize, f: impl FnOnce(Out<'_>) -> Result<Tensor>) -> Result<()> {
+    pub(crate) fn put_with(
+        &mut self,
+        i: usize,
+        f: impl FnOnce(Out<'_>) -> Result<Tensor>,
+    ) -> Result<()> {
         let x = &self.inputs[i];
         match meta(x) {
             None => Ok(()),
@@ -114,7 +118,15 @@ impl BackwardCtx<'_> {
     fn full_target(&mut self, base: &Tensor, covers: bool) -> Result<(Tensor, Mode)> {
         let fresh = |covers: bool| -> Result<(Tensor, Mode)> {
             if covers {
-                Ok((Tensor::uninit(base.device(), base.shape(), crate::graph::DType::F32, "backward")?, Mode::Write))
+                Ok((
+                    Tensor::uninit(
+                        base.device(),
+                        base.shape(),
+                        crate::graph::DType::F32,
+                        "backward",
+                    )?,
+                    Mode::Write,
+                ))
             } else {
                 Ok((Tensor::zeros(base.device(), base.shape())?, Mode::Acc))
             }
@@ -212,7 +224,9 @@ pub(super) fn run(root: &Tensor, seed: &Tensor) -> Result<()> {
     if meta(root).is_none() {
         return Err(Error::InvalidArgument {
             op: "backward",
-            reason: "the tensor does not require grad (none of its inputs was made with requires_grad)".into(),
+            reason:
+                "the tensor does not require grad (none of its inputs was made with requires_grad)"
+                    .into(),
         });
     }
     if seed.shape() != root.shape() {

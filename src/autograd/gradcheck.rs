@@ -47,7 +47,10 @@ pub fn check(
         numeric: 0.0,
         error: 0.0,
     };
-    let base: Vec<Vec<f64>> = inputs.iter().map(|i| i.data.iter().map(|&v| v as f64).collect()).collect();
+    let base: Vec<Vec<f64>> = inputs
+        .iter()
+        .map(|i| i.data.iter().map(|&v| v as f64).collect())
+        .collect();
     for (k, p) in params.iter().enumerate() {
         let analytic = match p.grad() {
             Some(g) => g.to_vec()?,

@@ -55,7 +55,9 @@ pub(crate) enum Meta {
     Leaf(Arc<Leaf>),
     Node(Arc<Node>),
     /// A view of `base` (a leaf or node tensor, never itself a view).
-    View { base: Tensor },
+    View {
+        base: Tensor,
+    },
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -103,7 +105,11 @@ pub(crate) fn holder_id(t: &Tensor) -> Option<u64> {
 
 /// Attaches a backward node to `out` when recording is on and an input needs a gradient.
 /// `rule` is built only then (it saves tensors).
-pub(crate) fn record<B: Backward + 'static>(out: Tensor, inputs: &[&Tensor], rule: impl FnOnce() -> B) -> Tensor {
+pub(crate) fn record<B: Backward + 'static>(
+    out: Tensor,
+    inputs: &[&Tensor],
+    rule: impl FnOnce() -> B,
+) -> Tensor {
     if !grad_enabled() || !inputs.iter().any(|t| meta(t).is_some()) {
         return out;
     }
@@ -129,10 +135,20 @@ pub(crate) fn record_view(src: &Tensor, view: Tensor) -> Tensor {
 }
 
 /// The record of a reduction (kept dims of size 1 in `out`).
-pub(crate) fn record_reduce(x: &Tensor, out: Tensor, op: ReduceOp, dims: &[usize], scale: f32) -> Result<Tensor> {
-    let keep_shape: Vec<usize> = (0..x.rank()).map(|d| if dims.contains(&d) { 1 } else { x.shape()[d] }).collect();
+pub(crate) fn record_reduce(
+    x: &Tensor,
+    out: Tensor,
+    op: ReduceOp,
+    dims: &[usize],
+    scale: f32,
+) -> Result<Tensor> {
+    let keep_shape: Vec<usize> = (0..x.rank())
+        .map(|d| if dims.contains(&d) { 1 } else { x.shape()[d] })
+        .collect();
     let plain = out.clone();
-    Ok(record(out, &[x], || crate::ops::ReduceBackward::new(op, x, &plain, keep_shape, scale)))
+    Ok(record(out, &[x], || {
+        crate::ops::ReduceBackward::new(op, x, &plain, keep_shape, scale)
+    }))
 }
 
 impl Tensor {

@@ -177,7 +177,12 @@ pub mod ternary {
 
     /// Every code the engine dispatches.
     pub fn all() -> Vec<u32> {
-        let mut v = vec![WHERE, EXTREMUM_BACKWARD, SOFTMAX_BACKWARD, LOG_SOFTMAX_BACKWARD];
+        let mut v = vec![
+            WHERE,
+            EXTREMUM_BACKWARD,
+            SOFTMAX_BACKWARD,
+            LOG_SOFTMAX_BACKWARD,
+        ];
         v.extend(UnaryOp::ALL.iter().map(|op| unary_backward(*op)));
         for op in &BinaryOp::ALL[..7] {
             v.push(binary_backward(*op, false));

@@ -36,5 +36,8 @@ pub fn spec(acc: bool) -> Spec {
 }
 
 pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
-    vec![(&INDEX_ADD_ROWS, spec(false)), (&INDEX_ADD_ROWS, spec(true))]
+    vec![
+        (&INDEX_ADD_ROWS, spec(false)),
+        (&INDEX_ADD_ROWS, spec(true)),
+    ]
 }

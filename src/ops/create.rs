@@ -83,7 +83,13 @@ impl Tensor {
         };
         let device = self.device();
         let groups = device.grid((numel as u64).div_ceil(elementwise::WORKGROUP));
-        device.record(&elementwise::FILL, &elementwise::spec(0, false, false), &params, &[self.storage()], groups);
+        device.record(
+            &elementwise::FILL,
+            &elementwise::spec(0, false, false),
+            &params,
+            &[self.storage()],
+            groups,
+        );
         Ok(())
     }
 

@@ -56,7 +56,10 @@ pub(crate) fn launch(
         numel / 4
     } else {
         // Operand slots a, b, c (unused ones repeat a), then the output.
-        let mut layouts: Vec<_> = inputs.iter().map(|t| t.layout().broadcast_to(out_shape)).collect();
+        let mut layouts: Vec<_> = inputs
+            .iter()
+            .map(|t| t.layout().broadcast_to(out_shape))
+            .collect();
         while layouts.len() < 3 {
             layouts.push(layouts[0].clone());
         }
@@ -66,7 +69,10 @@ pub(crate) fn launch(
         if shape.len() > MAX_RANK {
             return Err(Error::InvalidArgument {
                 op,
-                reason: format!("a view of {} non-mergeable dims (at most {MAX_RANK})", shape.len()),
+                reason: format!(
+                    "a view of {} non-mergeable dims (at most {MAX_RANK})",
+                    shape.len()
+                ),
             });
         }
         params.rank = shape.len() as u32;
@@ -89,13 +95,45 @@ pub(crate) fn launch(
     let groups = device.grid((n as u64).div_ceil(elementwise::WORKGROUP));
     let mut storages = vec![out.storage()];
     storages.extend(inputs.iter().map(|t| t.storage()));
-    device.record(kernel, &elementwise::spec(code, vec4, acc), &params, &storages, groups);
+    device.record(
+        kernel,
+        &elementwise::spec(code, vec4, acc),
+        &params,
+        &storages,
+        groups,
+    );
     Ok(out)
+}
+
+impl Tensor {
+    /// In place: self += alpha * x (x broadcast to self's shape), one dispatch, nothing
+    /// allocated, not recorded for backward. For parameter updates (plain SGD, tests).
+    pub fn add_scaled_(&self, x: &Tensor, alpha: f32) -> Result<()> {
+        let x = x.broadcast_to(self.shape())?.detach();
+        launch(
+            "add_scaled_",
+            &elementwise::UNARY,
+            UnaryOp::MulScalar as u32,
+            self.shape(),
+            &[&x],
+            (alpha, 0.0),
+            Out::Acc(self),
+        )?;
+        Ok(())
+    }
 }
 
 /// `t` copied per `out` (new, over, or added into an existing tensor).
 pub(crate) fn launch_copy(t: &Tensor, out: Out<'_>) -> Result<Tensor> {
-    launch("copy", &elementwise::UNARY, UnaryOp::Copy as u32, t.shape(), &[t], (0.0, 0.0), out)
+    launch(
+        "copy",
+        &elementwise::UNARY,
+        UnaryOp::Copy as u32,
+        t.shape(),
+        &[t],
+        (0.0, 0.0),
+        out,
+    )
 }
 
 /// The backward of a unary op: g times its derivative, from the input x or the output y.
@@ -109,7 +147,20 @@ struct UnaryBackward {
 impl UnaryBackward {
     fn needs_input(op: UnaryOp) -> bool {
         use UnaryOp::*;
-        matches!(op, Log | Abs | Relu | Gelu | Sin | Cos | Square | PowScalar | MaxScalar | MinScalar | RdivScalar | Clamp)
+        matches!(
+            op,
+            Log | Abs
+                | Relu
+                | Gelu
+                | Sin
+                | Cos
+                | Square
+                | PowScalar
+                | MaxScalar
+                | MinScalar
+                | RdivScalar
+                | Clamp
+        )
     }
 
     fn needs_output(op: UnaryOp) -> bool {
@@ -130,7 +181,17 @@ impl Backward for UnaryBackward {
         let x = self.x.as_ref().unwrap_or(g);
         let y = self.y.as_ref().unwrap_or(g);
         let code = ternary::unary_backward(self.op);
-        ctx.put_with(0, |out| launch("unary_backward", &elementwise::TERNARY, code, g.shape(), &[g, x, y], self.scalars, out))
+        ctx.put_with(0, |out| {
+            launch(
+                "unary_backward",
+                &elementwise::TERNARY,
+                code,
+                g.shape(),
+                &[g, x, y],
+                self.scalars,
+                out,
+            )
+        })
     }
 }
 
@@ -152,7 +213,11 @@ impl Backward for BinaryBackward {
             if !ctx.needed(side) {
                 continue;
             }
-            let shape = if side == 0 { self.a.shape() } else { self.b.shape() };
+            let shape = if side == 0 {
+                self.a.shape()
+            } else {
+                self.b.shape()
+            };
             let broadcast = shape != g.shape();
             let pass_through = self.op == BinaryOp::Add || (self.op == BinaryOp::Sub && side == 0);
             if pass_through {
@@ -166,11 +231,27 @@ impl Backward for BinaryBackward {
             let code = ternary::binary_backward(self.op, side == 1);
             let inputs = [g, &self.a, &self.b];
             if broadcast {
-                let full = launch("binary_backward", &elementwise::TERNARY, code, g.shape(), &inputs, (0.0, 0.0), Out::New)?;
+                let full = launch(
+                    "binary_backward",
+                    &elementwise::TERNARY,
+                    code,
+                    g.shape(),
+                    &inputs,
+                    (0.0, 0.0),
+                    Out::New,
+                )?;
                 ctx.put_with(side, |out| full.sum_to_shape_into(shape, out))?;
             } else {
                 ctx.put_with(side, |out| {
-                    launch("binary_backward", &elementwise::TERNARY, code, g.shape(), &inputs, (0.0, 0.0), out)
+                    launch(
+                        "binary_backward",
+                        &elementwise::TERNARY,
+                        code,
+                        g.shape(),
+                        &inputs,
+                        (0.0, 0.0),
+                        out,
+                    )
                 })?;
             }
         }
@@ -196,12 +277,34 @@ impl Backward for WhereBackward {
             if !ctx.needed(side) {
                 continue;
             }
-            let inputs = if side == 1 { [&self.cond, g, &zero] } else { [&self.cond, &zero, g] };
+            let inputs = if side == 1 {
+                [&self.cond, g, &zero]
+            } else {
+                [&self.cond, &zero, g]
+            };
             let shape: &[usize] = shape;
             if shape == g.shape() {
-                ctx.put_with(side, |out| launch("where_backward", &elementwise::TERNARY, ternary::WHERE, g.shape(), &inputs, (0.0, 0.0), out))?;
+                ctx.put_with(side, |out| {
+                    launch(
+                        "where_backward",
+                        &elementwise::TERNARY,
+                        ternary::WHERE,
+                        g.shape(),
+                        &inputs,
+                        (0.0, 0.0),
+                        out,
+                    )
+                })?;
             } else {
-                let full = launch("where_backward", &elementwise::TERNARY, ternary::WHERE, g.shape(), &inputs, (0.0, 0.0), Out::New)?;
+                let full = launch(
+                    "where_backward",
+                    &elementwise::TERNARY,
+                    ternary::WHERE,
+                    g.shape(),
+                    &inputs,
+                    (0.0, 0.0),
+                    Out::New,
+                )?;
                 ctx.put_with(side, |out| full.sum_to_shape_into(shape, out))?;
             }
         }
@@ -212,7 +315,15 @@ impl Backward for WhereBackward {
 impl Tensor {
     /// A unary op; `s` and `s2` are its scalar operands where it has them.
     pub fn unary(&self, op: UnaryOp, s: f32, s2: f32) -> Result<Tensor> {
-        let out = launch("unary", &elementwise::UNARY, op as u32, self.shape(), &[self], (s, s2), Out::New)?;
+        let out = launch(
+            "unary",
+            &elementwise::UNARY,
+            op as u32,
+            self.shape(),
+            &[self],
+            (s, s2),
+            Out::New,
+        )?;
         let saved_out = out.clone();
         Ok(record(out, &[self], || UnaryBackward {
             op,
@@ -225,7 +336,15 @@ impl Tensor {
     /// A binary op with numpy broadcasting.
     pub fn binary(&self, op: BinaryOp, other: &Tensor) -> Result<Tensor> {
         let shape = broadcast_shape("binary", self.shape(), other.shape())?;
-        let out = launch("binary", &elementwise::BINARY, op as u32, &shape, &[self, other], (0.0, 0.0), Out::New)?;
+        let out = launch(
+            "binary",
+            &elementwise::BINARY,
+            op as u32,
+            &shape,
+            &[self, other],
+            (0.0, 0.0),
+            Out::New,
+        )?;
         if (op as u32) >= BinaryOp::Eq as u32 {
             return Ok(out); // comparisons have no gradient
         }
@@ -240,7 +359,15 @@ impl Tensor {
     pub fn where_cond(cond: &Tensor, x: &Tensor, y: &Tensor) -> Result<Tensor> {
         let shape = broadcast_shape("where", cond.shape(), x.shape())?;
         let shape = broadcast_shape("where", &shape, y.shape())?;
-        let out = launch("where", &elementwise::TERNARY, ternary::WHERE, &shape, &[cond, x, y], (0.0, 0.0), Out::New)?;
+        let out = launch(
+            "where",
+            &elementwise::TERNARY,
+            ternary::WHERE,
+            &shape,
+            &[cond, x, y],
+            (0.0, 0.0),
+            Out::New,
+        )?;
         Ok(record(out, &[cond, x, y], || WhereBackward {
             cond: cond.detach(),
             x_shape: x.shape().to_vec(),

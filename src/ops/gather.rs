@@ -28,7 +28,12 @@ impl Backward for IndexSelectBackward {
                 reason: "needs indices made from host data (Tensor::from_u32), to group rows without a read-back".into(),
             });
         };
-        let csr = RowGroups::new(host, self.indices.layout().offset, self.indices.strides()[0], self.indices.numel());
+        let csr = RowGroups::new(
+            host,
+            self.indices.layout().offset,
+            self.indices.strides()[0],
+            self.indices.numel(),
+        );
         let csr_tensor = Tensor::from_u32(g.device(), &csr.data, &[csr.data.len()])?;
         let g = g.contiguous()?;
         ctx.put_with(0, |out| match out {
@@ -58,7 +63,9 @@ struct RowGroups {
 
 impl RowGroups {
     fn new(host: &[u32], offset: usize, stride: usize, len: usize) -> RowGroups {
-        let mut pairs: Vec<(u32, u32)> = (0..len).map(|j| (host[offset + j * stride], j as u32)).collect();
+        let mut pairs: Vec<(u32, u32)> = (0..len)
+            .map(|j| (host[offset + j * stride], j as u32))
+            .collect();
         pairs.sort_unstable();
         let mut rows = Vec::new();
         let mut starts = Vec::new();
@@ -78,7 +85,13 @@ impl RowGroups {
 }
 
 /// dx[rows] (+)= grouped sums of g's rows; dx must have contiguous rows, else via a copy.
-fn scatter_rows(g: &Tensor, csr: &RowGroups, csr_tensor: &Tensor, dx: &Tensor, acc: bool) -> Result<()> {
+fn scatter_rows(
+    g: &Tensor,
+    csr: &RowGroups,
+    csr_tensor: &Tensor,
+    dx: &Tensor,
+    acc: bool,
+) -> Result<()> {
     let cols: usize = dx.shape()[1..].iter().product();
     let out_row_stride = if dx.is_contiguous() {
         Some(cols)
@@ -167,7 +180,9 @@ impl Tensor {
             if crate::autograd::grad_enabled() && self.needs_grad() {
                 return Err(Error::InvalidArgument {
                     op: OP,
-                    reason: format!("backward is implemented along dim 0 (embedding rows), not dim {d}"),
+                    reason: format!(
+                        "backward is implemented along dim 0 (embedding rows), not dim {d}"
+                    ),
                 });
             }
             return Ok(out);

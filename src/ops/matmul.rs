@@ -34,8 +34,18 @@ impl Backward for MatmulBackward {
     }
 }
 
-fn put_product(ctx: &mut BackwardCtx<'_>, i: usize, l: &Tensor, r: &Tensor, shape: &[usize]) -> Result<()> {
-    let product_batch = broadcast_shape("matmul", &l.shape()[..l.rank() - 2], &r.shape()[..r.rank() - 2])?;
+fn put_product(
+    ctx: &mut BackwardCtx<'_>,
+    i: usize,
+    l: &Tensor,
+    r: &Tensor,
+    shape: &[usize],
+) -> Result<()> {
+    let product_batch = broadcast_shape(
+        "matmul",
+        &l.shape()[..l.rank() - 2],
+        &r.shape()[..r.rank() - 2],
+    )?;
     if product_batch == shape[..shape.len() - 2] {
         ctx.put_with(i, |out| l.matmul_into(r, out))
     } else {
@@ -127,7 +137,14 @@ impl Tensor {
         let (cshape, cstrides) = coalesce_joint(&batch_shape, &[&out.strides()[..nb]]);
         if cshape.len() > 1 {
             let fresh = self.matmul_into(other, Out::New)?;
-            return launch_copy(&fresh, if acc { Out::Acc(&out) } else { Out::Write(&out) });
+            return launch_copy(
+                &fresh,
+                if acc {
+                    Out::Acc(&out)
+                } else {
+                    Out::Write(&out)
+                },
+            );
         }
         let c_bs = cstrides[0].first().copied().unwrap_or(0);
         let cr = out.rank();

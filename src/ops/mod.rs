@@ -29,7 +29,13 @@ pub(crate) enum Out<'a> {
 
 impl Out<'_> {
     /// The output tensor (checked against `shape`) and whether the kernel accumulates.
-    pub(crate) fn resolve(self, op: &'static str, device: &Device, shape: &[usize], inputs: &[&Tensor]) -> Result<(Tensor, bool)> {
+    pub(crate) fn resolve(
+        self,
+        op: &'static str,
+        device: &Device,
+        shape: &[usize],
+        inputs: &[&Tensor],
+    ) -> Result<(Tensor, bool)> {
         let (t, acc) = match self {
             Out::New => return Ok((Tensor::uninit(device, shape, DType::F32, op)?, false)),
             Out::Write(t) => (t, false),

@@ -8,10 +8,10 @@
 use crate::autograd::{Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{resolve_dim, DType, Layout, Tensor, MAX_RANK};
+use crate::kernels::elementwise::{self, ternary};
 use crate::kernels::pack8;
 use crate::kernels::reduce::{self, ReduceOp, ReduceParams};
 use crate::ops::elementwise::{launch, launch_copy};
-use crate::kernels::elementwise::{self, ternary};
 use crate::ops::{Out, UnaryOp};
 
 /// The backward of a reduction: a sum (or mean) spreads g back over the reduced dims; a max or
@@ -27,7 +27,13 @@ pub(crate) struct ReduceBackward {
 }
 
 impl ReduceBackward {
-    pub(crate) fn new(op: ReduceOp, x: &Tensor, y: &Tensor, keep_shape: Vec<usize>, scale: f32) -> ReduceBackward {
+    pub(crate) fn new(
+        op: ReduceOp,
+        x: &Tensor,
+        y: &Tensor,
+        keep_shape: Vec<usize>,
+        scale: f32,
+    ) -> ReduceBackward {
         let extremum = op != ReduceOp::Sum;
         ReduceBackward {
             op,
@@ -51,11 +57,27 @@ impl Backward for ReduceBackward {
             (Some(x), Some(y)) => {
                 let y = y.reshape(&self.keep_shape)?.broadcast_to(&self.x_shape)?;
                 ctx.put_with(0, |out| {
-                    launch("reduce_backward", &elementwise::TERNARY, ternary::EXTREMUM_BACKWARD, &self.x_shape, &[&g, x, &y], (0.0, 0.0), out)
+                    launch(
+                        "reduce_backward",
+                        &elementwise::TERNARY,
+                        ternary::EXTREMUM_BACKWARD,
+                        &self.x_shape,
+                        &[&g, x, &y],
+                        (0.0, 0.0),
+                        out,
+                    )
                 })
             }
             _ => ctx.put_with(0, |out| {
-                launch("reduce_backward", &elementwise::UNARY, UnaryOp::MulScalar as u32, &self.x_shape, &[&g], (self.scale, 0.0), out)
+                launch(
+                    "reduce_backward",
+                    &elementwise::UNARY,
+                    UnaryOp::MulScalar as u32,
+                    &self.x_shape,
+                    &[&g],
+                    (self.scale, 0.0),
+                    out,
+                )
             }),
         }
     }
@@ -76,8 +98,14 @@ fn too_many_dims(op: &'static str, rank: usize) -> Error {
 
 fn select(l: &Layout, keep: impl Fn(usize) -> bool) -> Layout {
     Layout {
-        shape: (0..l.rank()).filter(|d| keep(*d)).map(|d| l.shape[d]).collect(),
-        strides: (0..l.rank()).filter(|d| keep(*d)).map(|d| l.strides[d]).collect(),
+        shape: (0..l.rank())
+            .filter(|d| keep(*d))
+            .map(|d| l.shape[d])
+            .collect(),
+        strides: (0..l.rank())
+            .filter(|d| keep(*d))
+            .map(|d| l.strides[d])
+            .collect(),
         offset: 0,
     }
     .coalesced()
@@ -86,7 +114,13 @@ fn select(l: &Layout, keep: impl Fn(usize) -> bool) -> Layout {
 impl Tensor {
     /// Folds the dims `dims` (distinct, in range) with `op`, times `scale`; the result keeps
     /// them as size 1 (keepdim) and is written per `out`.
-    pub(crate) fn reduce_dims_into(&self, op: ReduceOp, dims: &[usize], scale: f32, out: Out<'_>) -> Result<Tensor> {
+    pub(crate) fn reduce_dims_into(
+        &self,
+        op: ReduceOp,
+        dims: &[usize],
+        scale: f32,
+        out: Out<'_>,
+    ) -> Result<Tensor> {
         const NAME: &str = "reduce";
         self.expect_dtype(NAME, DType::F32)?;
         let l = self.layout();
@@ -98,7 +132,14 @@ impl Tensor {
         if !target.is_contiguous() {
             // The kernel writes contiguous outputs: reduce into a new tensor, then add it in.
             let fresh = self.reduce_dims_into(op, dims, scale, Out::New)?;
-            return launch_copy(&fresh, if acc { Out::Acc(&target) } else { Out::Write(&target) });
+            return launch_copy(
+                &fresh,
+                if acc {
+                    Out::Acc(&target)
+                } else {
+                    Out::Write(&target)
+                },
+            );
         }
         let kept = select(l, |d| !dims.contains(&d));
         let red = select(l, |d| dims.contains(&d));
@@ -157,17 +198,25 @@ impl Tensor {
         }
         // Reduce with the kept-dims shape, then see the result (or the target) as `shape`.
         match out {
-            Out::New => self.reduce_dims_into(ReduceOp::Sum, &dims, 1.0, Out::New)?.reshape(shape),
+            Out::New => self
+                .reduce_dims_into(ReduceOp::Sum, &dims, 1.0, Out::New)?
+                .reshape(shape),
             Out::Write(t) | Out::Acc(t) => {
                 let acc = matches!(out, Out::Acc(_));
                 match t.layout().reshape(&keep_shape) {
                     Some(l) => {
                         let view = t.with_layout(l);
-                        let o = if acc { Out::Acc(&view) } else { Out::Write(&view) };
+                        let o = if acc {
+                            Out::Acc(&view)
+                        } else {
+                            Out::Write(&view)
+                        };
                         self.reduce_dims_into(ReduceOp::Sum, &dims, 1.0, o)?;
                     }
                     None => {
-                        let fresh = self.reduce_dims_into(ReduceOp::Sum, &dims, 1.0, Out::New)?.reshape(shape)?;
+                        let fresh = self
+                            .reduce_dims_into(ReduceOp::Sum, &dims, 1.0, Out::New)?
+                            .reshape(shape)?;
                         launch_copy(&fresh, out)?;
                     }
                 }
@@ -186,7 +235,9 @@ impl Tensor {
         }
         let device = self.device();
         let numel = self.numel() as u64;
-        let n_groups = numel.div_ceil(reduce::WORKGROUP * ELEMENTS_PER_LANE).clamp(1, MAX_PARTIALS);
+        let n_groups = numel
+            .div_ceil(reduce::WORKGROUP * ELEMENTS_PER_LANE)
+            .clamp(1, MAX_PARTIALS);
         let stage1 = ReduceParams {
             out_numel: n_groups as u32,
             rank: l.rank() as u32,
@@ -201,7 +252,13 @@ impl Tensor {
         let out = Tensor::uninit(device, &[], DType::F32, NAME)?;
         let spec = reduce::spec(op, false);
         if n_groups == 1 {
-            device.record(&reduce::REDUCE_PARTIAL, &spec, &stage1, &[out.storage(), self.storage()], [1, 1, 1]);
+            device.record(
+                &reduce::REDUCE_PARTIAL,
+                &spec,
+                &stage1,
+                &[out.storage(), self.storage()],
+                [1, 1, 1],
+            );
         } else {
             let partials = Tensor::uninit(device, &[n_groups as usize], DType::F32, NAME)?;
             device.record(
@@ -220,7 +277,13 @@ impl Tensor {
                 red_strides: pack8(&[1]),
                 ..Default::default()
             };
-            device.record(&reduce::REDUCE_DIMS, &spec, &stage2, &[out.storage(), partials.storage()], [1, 1, 1]);
+            device.record(
+                &reduce::REDUCE_DIMS,
+                &spec,
+                &stage2,
+                &[out.storage(), partials.storage()],
+                [1, 1, 1],
+            );
         }
         let dims: Vec<usize> = (0..self.rank()).collect();
         crate::autograd::record_reduce(self, out, op, &dims, scale)

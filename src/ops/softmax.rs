@@ -30,7 +30,15 @@ impl Backward for SoftmaxBackward {
         };
         let sum = sum.broadcast_to(g.shape())?;
         ctx.put_with(0, |out| {
-            launch("softmax_backward", &elementwise::TERNARY, code, g.shape(), &[g, &sum, &self.y], (0.0, 0.0), out)
+            launch(
+                "softmax_backward",
+                &elementwise::TERNARY,
+                code,
+                g.shape(),
+                &[g, &sum, &self.y],
+                (0.0, 0.0),
+                out,
+            )
         })
     }
 }

@@ -55,7 +55,10 @@ impl Tensor {
                 ),
             });
         }
-        Ok(record_view(self, self.with_layout(self.layout().permute(dims))))
+        Ok(record_view(
+            self,
+            self.with_layout(self.layout().permute(dims)),
+        ))
     }
 
     /// Dims `d0` and `d1` swapped (negative dims count from the end).
@@ -86,7 +89,10 @@ impl Tensor {
                 ),
             });
         }
-        Ok(record_view(self, self.with_layout(self.layout().narrow(d, start, len))))
+        Ok(record_view(
+            self,
+            self.with_layout(self.layout().narrow(d, start, len)),
+        ))
     }
 
     /// This tensor seen with shape `shape` (numpy broadcasting), without a copy.

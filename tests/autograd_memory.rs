@@ -1,0 +1,97 @@
+//! Memory and submits of repeated training steps: after the first step nothing is created, the
+//! peak stays flat, and the graph (with every saved tensor) is released by backward.
+
+use wgrad::{no_grad, Device, Result, Tensor};
+
+/// One step of a small MLP with a shared weight (used twice: its gradient accumulates).
+fn step(x: &Tensor, y: &Tensor, params: &[&Tensor]) -> Result<f32> {
+    let [w1, b1, w2] = [params[0], params[1], params[2]];
+    let h = x.matmul(w1)?.add(b1)?.gelu()?; // (N, H)
+    let h2 = h.matmul(w2)?.tanh()?.matmul(&w2.t()?)?; // (N, H): w2 read twice
+    let loss = h2.sub(y)?.square()?.mean_all()?;
+    for p in params {
+        p.zero_grad();
+    }
+    loss.backward()?;
+    no_grad(|| -> Result<()> {
+        for p in params {
+            p.add_scaled_(&p.grad().expect("reached by backward"), -0.05)?;
+        }
+        Ok(())
+    })?;
+    loss.item()
+}
+
+#[test]
+fn repeated_steps_create_no_buffers_and_keep_peak_flat() -> Result<()> {
+    let dev = Device::new()?;
+    let x = Tensor::rand_uniform(&dev, &[33, 7], -1.0, 1.0, 1)?;
+    let y = Tensor::rand_uniform(&dev, &[33, 17], -1.0, 1.0, 2)?;
+    let w1 = Tensor::rand_normal(&dev, &[7, 17], 0.0, 0.3, 3)?.requires_grad();
+    let b1 = Tensor::zeros(&dev, &[17])?.requires_grad();
+    let w2 = Tensor::rand_normal(&dev, &[17, 5], 0.0, 0.3, 4)?.requires_grad();
+    let params = [&w1, &b1, &w2];
+
+    let mut losses = Vec::new();
+    let mut peaks = Vec::new();
+    let mut created = Vec::new();
+    let mut submits = Vec::new();
+    let mut dispatches = Vec::new();
+    for _ in 0..10 {
+        dev.reset_pool_counters();
+        let c0 = dev.counters();
+        losses.push(step(&x, &y, &params)?);
+        let c = dev.counters() - c0;
+        let s = dev.pool_stats();
+        peaks.push(s.peak_bytes_live);
+        created.push(s.buffers_created);
+        submits.push(c.submits);
+        dispatches.push((c.forward_dispatches, c.backward_dispatches));
+    }
+    assert!(created[0] > 0, "the first step allocates");
+    assert!(
+        created[1..].iter().all(|&n| n == 0),
+        "buffers created per step: {created:?}"
+    );
+    assert!(
+        peaks[2..].iter().all(|&p| p == peaks[1]),
+        "peak bytes per step: {peaks:?}"
+    );
+    assert!(
+        submits.iter().all(|&s| s <= 3),
+        "submits per step: {submits:?}"
+    );
+    assert!(
+        dispatches.iter().all(|d| *d == dispatches[0]),
+        "dispatches per step: {dispatches:?}"
+    );
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[9] < losses[0], "the loss falls: {losses:?}");
+    Ok(())
+}
+
+#[test]
+fn backward_releases_the_graph_and_its_saved_tensors() -> Result<()> {
+    let dev = Device::new()?;
+    let w = Tensor::rand_normal(&dev, &[64, 64], 0.0, 0.1, 5)?.requires_grad();
+    let x = Tensor::rand_uniform(&dev, &[32, 64], -1.0, 1.0, 6)?;
+    dev.sync()?;
+    let live_before = dev.pool_stats().bytes_live;
+    let loss = x.matmul(&w)?.exp()?.matmul(&w)?.sigmoid()?.sum_all()?;
+    let live_forward = dev.pool_stats().bytes_live;
+    assert!(
+        live_forward > live_before,
+        "the graph holds its activations"
+    );
+    loss.backward()?;
+    // What is left: the loss itself and w's gradient; every activation went back to the pool.
+    let grad_bytes = wgrad::memory::size_class(64 * 64 * 4);
+    let loss_bytes = wgrad::memory::size_class(4);
+    assert_eq!(
+        dev.pool_stats().bytes_live,
+        live_before + grad_bytes + loss_bytes
+    );
+    drop(loss);
+    assert_eq!(dev.pool_stats().bytes_live, live_before + grad_bytes);
+    Ok(())
+}
