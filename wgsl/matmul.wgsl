@@ -9,7 +9,8 @@
 // block, rows tr + i*(BM/TM) and columns tc + j*(BN/TN) (interleaved, so lanes of a subgroup
 // read distinct workgroup-memory words and write coalesced columns).
 // Grid: x over N tiles, y over M tiles, z over the batch.
-// Specialization: BM, BN, BK, TM, TN, ACC.
+// Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
+// matmul_bias_gelu (also saves the pre-activation). Specialization: BM, BN, BK, TM, TN, ACC.
 
 struct Params {
     m: u32,
@@ -28,12 +29,18 @@ struct Params {
     c_bs: u32,
     c_ms: u32,
     c_ns: u32,
+    bias_off: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> c: array<f32>;
 @group(0) @binding(2) var<storage, read> a: array<f32>;
 @group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
+@group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
 
 const ROW_LANES: u32 = BM / TM;
 const COL_LANES: u32 = BN / TN;
@@ -42,8 +49,8 @@ const WG: u32 = ROW_LANES * COL_LANES;
 var<workgroup> a_tile: array<f32, BK * BM>; // [k][m]
 var<workgroup> b_tile: array<f32, BK * BN>; // [k][n]
 
-@compute @workgroup_size(WG)
-fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+// The (TM x TN) block of A @ B this lane owns, for the workgroup's tile.
+fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
     let batch = wid.z;
     let row0 = wid.y * BM;
     let col0 = wid.x * BN;
@@ -100,20 +107,71 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
         workgroupBarrier();
     }
+    return acc;
+}
 
-    let c_base = p.c_off + batch * p.c_bs;
+// Row gm, column gn of this lane's block element (i, j); gm >= m or gn >= n is outside C.
+fn lane_row(wid: vec3<u32>, lid: u32, i: u32) -> u32 {
+    return wid.y * BM + lid / COL_LANES + i * ROW_LANES;
+}
+
+fn lane_col(wid: vec3<u32>, lid: u32, j: u32) -> u32 {
+    return wid.x * BN + lid % COL_LANES + j * COL_LANES;
+}
+
+fn store_c(o: u32, v: f32) {
+    if (ACC) {
+        c[o] = c[o] + v;
+    } else {
+        c[o] = v;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let acc = tile_product(wid, lid);
     for (var i = 0u; i < TM; i++) {
-        let gm = row0 + tr + i * ROW_LANES;
-        if (gm >= p.m) { continue; }
+        let gm = lane_row(wid, lid, i);
         for (var j = 0u; j < TN; j++) {
-            let gn = col0 + tc + j * COL_LANES;
-            if (gn < p.n) {
-                let o = c_base + gm * p.c_ms + gn * p.c_ns;
-                if (ACC) {
-                    c[o] = c[o] + acc[i * TN + j];
-                } else {
-                    c[o] = acc[i * TN + j];
-                }
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, acc[i * TN + j]);
+            }
+        }
+    }
+}
+
+// C = A @ B + bias (bias indexed by column).
+@compute @workgroup_size(WG)
+fn matmul_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let acc = tile_product(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let z = acc[i * TN + j] + bias[p.bias_off + gn];
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, z);
+            }
+        }
+    }
+}
+
+// z = A @ B + bias saved to pre (contiguous (batch, M, N): GELU's backward reads it), and
+// C = gelu(z), tanh approximation (GPT-2's).
+@compute @workgroup_size(WG)
+fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let acc = tile_product(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let z = acc[i * TN + j] + bias[p.bias_off + gn];
+                pre[(wid.z * p.m + gm) * p.n + gn] = z;
+                let k = 0.7978845608028654; // sqrt(2 / pi)
+                let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, 0.5 * z * (1.0 + t));
             }
         }
     }

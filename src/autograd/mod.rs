@@ -40,7 +40,6 @@ pub(crate) struct Node {
 }
 
 pub(crate) struct Leaf {
-    id: u64,
     grad: Mutex<GradSlot>,
 }
 
@@ -92,14 +91,6 @@ pub(crate) fn holder(t: &Tensor) -> Option<Tensor> {
     match meta(t)? {
         Meta::View { base } => Some(base.clone()),
         _ => Some(t.clone()),
-    }
-}
-
-pub(crate) fn holder_id(t: &Tensor) -> Option<u64> {
-    match meta(t)? {
-        Meta::Leaf(l) => Some(l.id),
-        Meta::Node(n) => Some(n.id),
-        Meta::View { base } => holder_id(base),
     }
 }
 
@@ -156,7 +147,6 @@ impl Tensor {
     /// until `zero_grad`.
     pub fn requires_grad(&self) -> Tensor {
         let leaf = Leaf {
-            id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             grad: Mutex::new(GradSlot::default()),
         };
         self.with_attachment(Some(Arc::new(Meta::Leaf(Arc::new(leaf)))))

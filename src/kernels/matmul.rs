@@ -31,12 +31,36 @@ pub struct MatmulParams {
     pub c_bs: u32,
     pub c_ms: u32,
     pub c_ns: u32,
+    pub bias_off: u32,
+    pub _pad: [u32; 3],
 }
 
 pub static MATMUL: KernelDesc = KernelDesc {
     name: "matmul",
     family: &FAMILY,
     storage: &[Access::ReadWrite, Access::Read, Access::Read],
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
+/// C = A B + bias.
+pub static MATMUL_BIAS: KernelDesc = KernelDesc {
+    name: "matmul_bias",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read, Access::Read, Access::Read],
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
+/// C = gelu(A B + bias), saving the pre-activation.
+pub static MATMUL_BIAS_GELU: KernelDesc = KernelDesc {
+    name: "matmul_bias_gelu",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+        Access::Read,
+        Access::ReadWrite,
+    ],
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
@@ -122,6 +146,8 @@ pub fn variants(_f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     for t in TILES {
         for acc in [false, true] {
             v.push((&MATMUL, spec(t, acc)));
+            v.push((&MATMUL_BIAS, spec(t, acc)));
+            v.push((&MATMUL_BIAS_GELU, spec(t, acc)));
         }
     }
     v

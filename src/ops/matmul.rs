@@ -9,6 +9,19 @@ use crate::kernels::matmul::{self, MatmulParams};
 use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
 
+/// What the matmul kernel applies to each product element before storing it.
+#[derive(Clone, Copy)]
+pub(crate) enum Epilogue<'a> {
+    None,
+    /// + bias[column].
+    Bias(&'a Tensor),
+    /// z = product + bias[column] stored to `pre`, gelu(z) stored to the output.
+    BiasGelu {
+        bias: &'a Tensor,
+        pre: &'a Tensor,
+    },
+}
+
 /// dA = g B^T and dB = A^T g, each written into its gradient by the matmul kernel (accumulate
 /// on for a later contribution), then summed over any batch dims the operand was broadcast on.
 struct MatmulBackward {
@@ -66,6 +79,16 @@ impl Tensor {
     /// The product written per `out`; an output view whose batch dims do not merge into one
     /// stride gets the product through a copy.
     pub(crate) fn matmul_into(&self, other: &Tensor, out: Out<'_>) -> Result<Tensor> {
+        self.matmul_epilogue_into(other, Epilogue::None, out)
+    }
+
+    /// The product with `epilogue` applied inside the matmul kernel, written per `out`.
+    pub(crate) fn matmul_epilogue_into(
+        &self,
+        other: &Tensor,
+        epilogue: Epilogue<'_>,
+        out: Out<'_>,
+    ) -> Result<Tensor> {
         const OP: &str = "matmul";
         self.expect_dtype(OP, DType::F32)?;
         other.expect_dtype(OP, DType::F32)?;
@@ -136,7 +159,7 @@ impl Tensor {
         }
         let (cshape, cstrides) = coalesce_joint(&batch_shape, &[&out.strides()[..nb]]);
         if cshape.len() > 1 {
-            let fresh = self.matmul_into(other, Out::New)?;
+            let fresh = self.matmul_epilogue_into(other, epilogue, Out::New)?;
             return launch_copy(
                 &fresh,
                 if acc {
@@ -178,6 +201,8 @@ impl Tensor {
             c_bs: c_bs as u32,
             c_ms: out.strides()[cr - 2] as u32,
             c_ns: out.strides()[cr - 1] as u32,
+            bias_off: 0,
+            _pad: [0; 3],
         };
         let tile = matmul::choose_tile(m, n, batch);
         let groups = [
@@ -185,13 +210,50 @@ impl Tensor {
             m.div_ceil(tile.bm as usize) as u32,
             batch as u32,
         ];
-        self.device().record(
-            &matmul::MATMUL,
-            &matmul::spec(tile, acc),
-            &params,
-            &[out.storage(), a.storage(), b.storage()],
-            groups,
-        );
+        let spec = matmul::spec(tile, acc);
+        let dev = self.device();
+        match epilogue {
+            Epilogue::None => {
+                dev.record(
+                    &matmul::MATMUL,
+                    &spec,
+                    &params,
+                    &[out.storage(), a.storage(), b.storage()],
+                    groups,
+                );
+            }
+            Epilogue::Bias(bias) | Epilogue::BiasGelu { bias, .. } => {
+                if bias.shape() != [n] {
+                    return Err(Error::ShapeMismatch {
+                        op: "linear",
+                        expected: format!("a bias of shape [{n}]"),
+                        got: bias.shape().to_vec(),
+                    });
+                }
+                let bias = bias.contiguous()?;
+                let params = MatmulParams {
+                    bias_off: bias.layout().offset as u32,
+                    ..params
+                };
+                let storages = [out.storage(), a.storage(), b.storage(), bias.storage()];
+                if let Epilogue::BiasGelu { pre, .. } = epilogue {
+                    if pre.shape() != out.shape()
+                        || !pre.is_contiguous()
+                        || pre.layout().offset != 0
+                    {
+                        return Err(Error::InvalidArgument {
+                            op: "linear",
+                            reason: "the pre-activation buffer must be a new contiguous tensor of the output's shape".into(),
+                        });
+                    }
+                    let mut s = storages.to_vec();
+                    s.push(pre.storage());
+                    dev.record(&matmul::MATMUL_BIAS_GELU, &spec, &params, &s, groups);
+                } else {
+                    dev.record(&matmul::MATMUL_BIAS, &spec, &params, &storages, groups);
+                }
+            }
+        }
         Ok(out)
     }
 }

@@ -4,6 +4,7 @@
 mod create;
 mod elementwise;
 mod gather;
+mod linear;
 mod matmul;
 mod reduce;
 mod softmax;
@@ -11,6 +12,7 @@ mod view;
 
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
 pub use crate::kernels::reduce::ReduceOp;
+pub use linear::Activation;
 
 pub(crate) use elementwise::launch_copy;
 pub(crate) use reduce::ReduceBackward;

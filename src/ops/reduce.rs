@@ -17,7 +17,6 @@ use crate::ops::{Out, UnaryOp};
 /// The backward of a reduction: a sum (or mean) spreads g back over the reduced dims; a max or
 /// min sends g to the elements equal to the extremum.
 pub(crate) struct ReduceBackward {
-    op: ReduceOp,
     x: Option<Tensor>,
     /// The result with the reduced dims kept (size 1), for max and min.
     y: Option<Tensor>,
@@ -36,7 +35,6 @@ impl ReduceBackward {
     ) -> ReduceBackward {
         let extremum = op != ReduceOp::Sum;
         ReduceBackward {
-            op,
             x: extremum.then(|| x.detach()),
             y: extremum.then(|| y.detach()),
             x_shape: x.shape().to_vec(),

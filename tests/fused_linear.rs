@@ -1,0 +1,152 @@
+//! linear (matmul with bias and GELU epilogues) against its unfused composition and finite
+//! differences; dispatch counts of the fused path.
+
+mod common;
+
+use common::{assert_close, dev, poison, private_dev, rand_vec, rng};
+use wgrad::autograd::gradcheck::{check, Input};
+use wgrad::ops::Activation;
+use wgrad::{Result, Tensor};
+
+fn grads(params: &[Tensor]) -> Result<Vec<Vec<f32>>> {
+    params
+        .iter()
+        .map(|p| p.grad().expect("reached").to_vec())
+        .collect()
+}
+
+/// Fused and unfused forward values and gradients of x, W, b, with g a random seed.
+fn compare(rows: usize, k: usize, n: usize, act: Activation, lead: &[usize]) -> Result<()> {
+    let d = dev();
+    let mut r = rng(&format!("linear {rows} {k} {n} {act:?}"));
+    let mut x_shape = lead.to_vec();
+    x_shape.extend([rows, k]);
+    let numel_x: usize = x_shape.iter().product();
+    let xs = rand_vec(&mut r, numel_x, -1.0, 1.0);
+    let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+    let bs = rand_vec(&mut r, n, -0.5, 0.5);
+    let mut y_shape = x_shape.clone();
+    *y_shape.last_mut().unwrap() = n;
+    let seed = rand_vec(&mut r, numel_x / k * n, -1.0, 1.0);
+    let mut results = Vec::new();
+    for fused in [true, false] {
+        let x = Tensor::from_slice(d, &xs, &x_shape)?.requires_grad();
+        let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
+        let b = Tensor::from_slice(d, &bs, &[n])?.requires_grad();
+        poison(d, numel_x / k * n);
+        let y = if fused {
+            x.linear(&w, Some(&b), act)?
+        } else {
+            x.linear_reference(&w, Some(&b), act)?
+        };
+        assert_eq!(y.shape(), y_shape.as_slice());
+        y.backward_with(&Tensor::from_slice(d, &seed, &y_shape)?)?;
+        let mut v = vec![y.to_vec()?];
+        v.extend(grads(&[x, w, b])?);
+        results.push(v);
+    }
+    for (i, what) in ["y", "dx", "dW", "db"].iter().enumerate() {
+        let want: Vec<f64> = results[1][i].iter().map(|&v| v as f64).collect();
+        assert_close(
+            &results[0][i],
+            &want,
+            1e-4,
+            &format!("{what} ({rows}x{k}x{n} {act:?})"),
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn fused_linear_matches_the_unfused_composition() -> Result<()> {
+    for (rows, k, n) in [(1, 1, 1), (7, 5, 3), (33, 64, 130), (65, 17, 257)] {
+        compare(rows, k, n, Activation::None, &[])?;
+        compare(rows, k, n, Activation::Gelu, &[])?;
+    }
+    compare(9, 12, 20, Activation::Gelu, &[2, 3])
+}
+
+#[test]
+fn linear_gradients_match_finite_differences() -> Result<()> {
+    let mut r = rng("linear gradcheck");
+    let (rows, k, n) = (4, 3, 5);
+    let w_out = rand_vec(&mut r, rows * n, -1.0, 1.0);
+    let inputs = [
+        Input {
+            data: rand_vec(&mut r, rows * k, -1.0, 1.0),
+            shape: vec![rows, k],
+        },
+        Input {
+            data: rand_vec(&mut r, k * n, -1.0, 1.0),
+            shape: vec![k, n],
+        },
+        Input {
+            data: rand_vec(&mut r, n, -1.0, 1.0),
+            shape: vec![n],
+        },
+    ];
+    let gpu = |p: &[Tensor]| -> Result<Tensor> {
+        let weights = Tensor::from_slice(dev(), &w_out, &[rows, n])?;
+        p[0].linear(&p[1], Some(&p[2]), Activation::Gelu)?
+            .mul(&weights)?
+            .sum_all()
+    };
+    let cpu = |v: &[Vec<f64>]| -> f64 {
+        let mut total = 0.0;
+        for i in 0..rows {
+            for j in 0..n {
+                let mut z = v[2][j];
+                for l in 0..k {
+                    z += v[0][i * k + l] * v[1][l * n + j];
+                }
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                let gelu = 0.5 * z * (1.0 + (c * (z + 0.044715 * z * z * z)).tanh());
+                total += gelu * w_out[i * n + j] as f64;
+            }
+        }
+        total
+    };
+    check(dev(), &inputs, gpu, cpu, 1e-3, 1e-3)?;
+    Ok(())
+}
+
+#[test]
+fn fused_linear_is_one_forward_dispatch() -> Result<()> {
+    let d = private_dev();
+    let x = Tensor::rand_uniform(&d, &[16, 8], -1.0, 1.0, 1)?.requires_grad();
+    let w = Tensor::rand_uniform(&d, &[8, 12], -1.0, 1.0, 2)?.requires_grad();
+    let b = Tensor::zeros(&d, &[12])?.requires_grad();
+    d.sync()?;
+    let c0 = d.counters();
+    let y = x.linear(&w, Some(&b), Activation::Gelu)?;
+    assert_eq!(
+        (d.counters() - c0).forward_dispatches,
+        1,
+        "bias and GELU run inside the matmul"
+    );
+    let c1 = d.counters();
+    y.backward_with(&Tensor::ones(&d, &[16, 12])?)?;
+    // gelu' (1), db (1), dW (1), dx (1); the seed is a fill counted in forward.
+    assert_eq!((d.counters() - c1).backward_dispatches, 4);
+    Ok(())
+}
+
+#[test]
+fn linear_shape_errors_are_clear() -> Result<()> {
+    let d = dev();
+    let x = Tensor::zeros(d, &[4, 3])?;
+    let w = Tensor::zeros(d, &[5, 2])?;
+    let err = x
+        .linear(&w, None, Activation::None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("linear") && err.contains("[5, 2]"), "{err}");
+    let w = Tensor::zeros(d, &[3, 2])?;
+    let b = Tensor::zeros(d, &[3])?;
+    let err = x
+        .linear(&w, Some(&b), Activation::None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("bias") && err.contains("[2]"), "{err}");
+    Ok(())
+}
