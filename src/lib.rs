@@ -11,6 +11,7 @@ pub mod graph;
 pub mod kernels;
 pub mod memory;
 pub mod ops;
+pub mod optim;
 
 pub use autograd::no_grad;
 pub use device::DeviceOptions;

@@ -34,6 +34,10 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 
+// OP 3 (sum of squares) folds v * v (the squared norm of gradients, for clipping); its
+// partial results then combine as a sum.
+const COMBINE: u32 = select(OP, 0u, OP == 3u);
+
 fn identity() -> f32 {
     switch OP {
         case 1u: { return -3.4028234663852886e38; }
@@ -46,6 +50,7 @@ fn fold(acc: f32, v: f32) -> f32 {
     switch OP {
         case 1u: { return max(acc, v); }
         case 2u: { return min(acc, v); }
+        case 3u: { return acc + v * v; }
         default: { return acc + v; }
     }
 }
@@ -98,7 +103,7 @@ fn reduce_dims(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     for (var r = lanes.lid; r < p.red_numel; r += RED_WG) {
         acc = fold(acc, x[base + reduced_offset(r)]);
     }
-    acc = wg_reduce(acc, lanes, OP);
+    acc = wg_reduce(acc, lanes, COMBINE);
     if (lanes.lid == 0u) {
         store(p.out_offset + o, acc * p.scale);
     }
@@ -111,7 +116,7 @@ fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     for (var i = g * RED_WG + lanes.lid; i < p.numel; i += p.n_groups * RED_WG) {
         acc = fold(acc, x[kept_offset(i)]);
     }
-    acc = wg_reduce(acc, lanes, OP);
+    acc = wg_reduce(acc, lanes, COMBINE);
     if (lanes.lid == 0u) {
         store(p.out_offset + g, acc * p.scale);
     }

@@ -178,6 +178,37 @@ impl Tensor {
         }
     }
 
+    /// Gives a leaf the buffer its gradient is written to (a view into a flat gradient chunk,
+    /// so the optimizer updates every parameter in one dispatch); marked zero.
+    pub(crate) fn set_grad_buffer(&self, buf: Tensor) {
+        if let Some(Meta::Leaf(l)) = meta(self) {
+            let mut slot = l.grad.lock().unwrap_or_else(|e| e.into_inner());
+            slot.grad = Some(buf);
+            slot.stale = true;
+        }
+    }
+
+    /// The buffer a leaf's gradient is written to, stale or not.
+    pub(crate) fn grad_buffer(&self) -> Option<Tensor> {
+        match meta(self)? {
+            Meta::Leaf(l) => l
+                .grad
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .grad
+                .clone(),
+            _ => None,
+        }
+    }
+
+    /// Whether a leaf's gradient is logically zero (no backward wrote it since `zero_grad`).
+    pub(crate) fn grad_is_stale(&self) -> bool {
+        match meta(self) {
+            Some(Meta::Leaf(l)) => l.grad.lock().unwrap_or_else(|e| e.into_inner()).stale,
+            _ => false,
+        }
+    }
+
     /// Marks the gradient as zero without a dispatch: the next backward overwrites the buffer.
     pub fn zero_grad(&self) {
         if let Some(Meta::Leaf(l)) = meta(self) {

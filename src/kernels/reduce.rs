@@ -54,6 +54,8 @@ pub enum ReduceOp {
     Sum = 0,
     Max = 1,
     Min = 2,
+    /// Sum of squares (the squared norm).
+    SumSquares = 3,
 }
 
 /// `acc`: add into the output (gradient accumulation) instead of overwriting it.
@@ -63,7 +65,12 @@ pub fn spec(op: ReduceOp, acc: bool) -> Spec {
 
 pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
-    for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+    for op in [
+        ReduceOp::Sum,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::SumSquares,
+    ] {
         for acc in [false, true] {
             v.push((&REDUCE_DIMS, spec(op, acc)));
             v.push((&REDUCE_PARTIAL, spec(op, acc)));

@@ -64,6 +64,24 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Overwrites this contiguous view with host data (in order with recorded work).
+    pub fn copy_from_slice(&self, data: &[f32]) -> Result<()> {
+        self.expect_dtype("copy_from_slice", DType::F32)?;
+        check_len("copy_from_slice", self.shape(), data.len())?;
+        if !self.is_contiguous() {
+            return Err(Error::InvalidArgument {
+                op: "copy_from_slice",
+                reason: format!("the target view {:?} is not contiguous", self.shape()),
+            });
+        }
+        self.device().upload(
+            self.storage(),
+            self.layout().offset as u64 * 4,
+            bytemuck::cast_slice(data),
+        );
+        Ok(())
+    }
+
     /// Overwrites every element of this view with `value` (in order with recorded work).
     pub(crate) fn fill_(&self, value: f32) -> Result<()> {
         self.expect_dtype("fill", DType::F32)?;

@@ -275,9 +275,15 @@ impl Tensor {
                 red_strides: pack8(&[1]),
                 ..Default::default()
             };
+            // Stage 2 combines partials: squares were already taken in stage 1.
+            let stage2_op = if op == ReduceOp::SumSquares {
+                ReduceOp::Sum
+            } else {
+                op
+            };
             device.record(
                 &reduce::REDUCE_DIMS,
-                &spec,
+                &reduce::spec(stage2_op, false),
                 &stage2,
                 &[out.storage(), partials.storage()],
                 [1, 1, 1],

@@ -1,0 +1,48 @@
+//! Launcher of `wgsl/adamw.wgsl`: the fused AdamW update over one flat parameter chunk.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Access, Family, KernelDesc, Spec};
+
+pub static FAMILY: Family = Family {
+    name: "adamw",
+    source: include_str!("../../wgsl/adamw.wgsl"),
+    workgroup_reduce: false,
+};
+
+/// Mirrors `Params` in adamw.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AdamWParams {
+    pub numel: u32,
+    pub n_decay: u32,
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    pub bc1: f32,
+    pub bc2: f32,
+    pub max_norm: f32,
+    pub _pad: [u32; 2],
+}
+
+/// Bindings: param (rw), m (rw), v (rw), grad, norm_sq.
+pub static ADAMW: KernelDesc = KernelDesc {
+    name: "adamw",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite,
+        Access::ReadWrite,
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+    ],
+    params_size: std::mem::size_of::<AdamWParams>() as u64,
+};
+
+pub const WORKGROUP: u64 = 256;
+
+pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
+    vec![(&ADAMW, Spec::new())]
+}

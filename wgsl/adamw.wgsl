@@ -1,0 +1,53 @@
+// AdamW over one flat chunk of parameters (every parameter of the chunk in one dispatch).
+//
+// For element i of the chunk (p, g, m, v all (numel) f32, the same offsets):
+//   g' = g * clip, clip = min(1, max_norm / (sqrt(norm_sq[0]) + 1e-6)) when max_norm > 0
+//        (norm_sq: the global squared gradient norm, reduced on the GPU: no host round-trip)
+//   m = beta1 m + (1 - beta1) g';  v = beta2 v + (1 - beta2) g'^2
+//   p = p (1 - lr wd) - lr (m / bc1) / (sqrt(v / bc2) + eps)
+// with wd = weight_decay for i < n_decay (decayed parameters are laid out first) and 0 after
+// (biases, LayerNorm weights), bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (PyTorch's AdamW).
+// Workgroup mapping: 256 threads, one element each; linear workgroup = wid.y * nwg.x + wid.x.
+
+struct Params {
+    numel: u32,
+    n_decay: u32,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bc1: f32,
+    bc2: f32,
+    max_norm: f32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> param: array<f32>;
+@group(0) @binding(2) var<storage, read_write> m: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v: array<f32>;
+@group(0) @binding(4) var<storage, read> grad: array<f32>;
+@group(0) @binding(5) var<storage, read> norm_sq: array<f32>;
+
+const WG: u32 = 256u;
+
+@compute @workgroup_size(WG)
+fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (i >= p.numel) { return; }
+    var clip = 1.0;
+    if (p.max_norm > 0.0) {
+        clip = min(1.0, p.max_norm / (sqrt(norm_sq[0]) + 1e-6));
+    }
+    let g = grad[i] * clip;
+    let m1 = p.beta1 * m[i] + (1.0 - p.beta1) * g;
+    let v1 = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
+    m[i] = m1;
+    v[i] = v1;
+    let wd = select(0.0, p.weight_decay, i < p.n_decay);
+    let update = (m1 / p.bc1) / (sqrt(v1 / p.bc2) + p.eps);
+    param[i] = param[i] * (1.0 - p.lr * wd) - p.lr * update;
+}
