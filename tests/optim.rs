@@ -4,7 +4,8 @@
 mod common;
 
 use common::{assert_close, private_dev, rand_vec, rng};
-use wgrad::optim::{AdamW, AdamWConfig, ParamSpec, Parameters};
+use wgrad::nn::{ParamSpec, Parameters};
+use wgrad::optim::{AdamW, AdamWConfig};
 use wgrad::{Result, Tensor};
 
 struct CpuAdamW {

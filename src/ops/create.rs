@@ -82,8 +82,40 @@ impl Tensor {
         Ok(())
     }
 
+    /// Overwrites this contiguous view with normal draws (in place, one dispatch).
+    pub fn fill_normal_(&self, mean: f32, std: f32, seed: u64) -> Result<()> {
+        self.expect_dtype("fill_normal_", DType::F32)?;
+        if !self.is_contiguous() {
+            return Err(Error::InvalidArgument {
+                op: "fill_normal_",
+                reason: format!("the target view {:?} is not contiguous", self.shape()),
+            });
+        }
+        let numel = self.numel() as u64;
+        let params = RandomParams {
+            numel: numel as u32,
+            seed_lo: seed as u32,
+            seed_hi: (seed >> 32) as u32,
+            counter: 0,
+            a: mean,
+            b: std,
+            out_offset: self.layout().offset as u32,
+            _pad: 0,
+        };
+        let dev = self.device();
+        let groups = dev.grid(numel.div_ceil(random::WORKGROUP));
+        dev.record(
+            &random::RANDOM,
+            &random::spec(Distribution::Normal),
+            &params,
+            &[self.storage()],
+            groups,
+        );
+        Ok(())
+    }
+
     /// Overwrites every element of this view with `value` (in order with recorded work).
-    pub(crate) fn fill_(&self, value: f32) -> Result<()> {
+    pub fn fill_(&self, value: f32) -> Result<()> {
         self.expect_dtype("fill", DType::F32)?;
         let numel = self.numel();
         if numel == 0 {

@@ -9,7 +9,7 @@ use crate::graph::{Phase, Tensor};
 use crate::kernels::adamw::{self, AdamWParams};
 use crate::kernels::pack8;
 use crate::kernels::reduce::{self, ReduceOp, ReduceParams};
-use crate::optim::Parameters;
+use crate::nn::Parameters;
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWConfig {
