@@ -8,7 +8,10 @@
 //! Then, outside gradcheck: accumulation of a leaf used several times, persistence of
 //! gradients across backward calls and `zero_grad` (through every kind of kernel that writes a
 //! leaf's gradient: elementwise, copy, reduction, broadcast sum, matmul, scatter, views),
-//! `no_grad` and `detach`, and the errors of backward.
+//! `no_grad` and `detach`, and the errors of backward. Views are checked over leaves and op
+//! results whose own layout is not row-major too (a leaf made from a slice or a transpose, a
+//! broadcast result, a parameter inside a flat `nn::Parameters` chunk): a view's gradient must
+//! land at the viewed elements of its base's gradient.
 //!
 //! Error metric (gradcheck's and `assert_close`'s): |got - want| / max(|want|, 1).
 
@@ -160,7 +163,7 @@ fn grad_check(
 
 /// Panics listing every failed case.
 #[track_caller]
-fn all_pass(results: Vec<Result<GradCheckReport, String>>) {
+fn all_pass<T>(results: Vec<Result<T, String>>) {
     let n = results.len();
     let failed: Vec<String> = results.into_iter().filter_map(|r| r.err()).collect();
     if !failed.is_empty() {
@@ -1303,30 +1306,11 @@ fn check_strided_leaf(
     ))
 }
 
-/// Panics listing every failed case (of checks without a report).
-#[track_caller]
-fn all_ok(results: Vec<Result<(), String>>) {
-    all_pass(
-        results
-            .into_iter()
-            .map(|r| {
-                r.map(|()| GradCheckReport {
-                    input: 0,
-                    element: 0,
-                    analytic: 0.0,
-                    numeric: 0.0,
-                    error: 0.0,
-                })
-            })
-            .collect(),
-    );
-}
-
 #[test]
 fn grad_of_a_leaf_that_is_a_column_slice() {
     let leaf = |t: &Tensor| t.narrow(1, 1, 3);
     let leaf_ref = |a: &Arr| a.narrow(1, 1, 3);
-    all_ok(vec![
+    all_pass(vec![
         check_strided_leaf(
             "[4, 5].narrow(1, 1, 3) leaf, exp",
             &[4, 5],
@@ -1358,7 +1342,7 @@ fn grad_of_a_leaf_that_is_a_column_slice() {
 fn grad_of_a_leaf_that_is_a_transposed_view() {
     let leaf = |t: &Tensor| t.t();
     let leaf_ref = |a: &Arr| a.t();
-    all_ok(vec![
+    all_pass(vec![
         check_strided_leaf(
             "[5, 3].t() leaf, exp",
             &[5, 3],
@@ -1384,6 +1368,113 @@ fn grad_of_a_leaf_that_is_a_transposed_view() {
             |a| a.t(),
         ),
     ]);
+}
+
+/// Parameters from `nn::Parameters` are views into one flat chunk, their gradients views into
+/// the chunk's gradient buffer (at the parameter's offset): a view of a parameter (a tied
+/// embedding's `w.t()`, a slice) must route its gradient to that parameter's own region.
+#[test]
+fn grad_of_views_of_parameters_in_a_flat_chunk() {
+    use wgrad::nn::{ParamSpec, Parameters};
+    let d = dev();
+    let spec = |name: &str, shape: &[usize]| ParamSpec {
+        name: name.into(),
+        shape: shape.to_vec(),
+        decay: true,
+    };
+    let params = Parameters::new(d, &[spec("a", &[4]), spec("w", &[6, 4])]).unwrap();
+    let (a, w) = (params.get("a").unwrap(), params.get("w").unwrap());
+    let mut r = rng("flat chunk views");
+    let av = draw(&mut r, &[4], Dom::Sym(1.0));
+    let wv = draw(&mut r, &[6, 4], Dom::Sym(1.0));
+    a.copy_from_slice(&av.f32s()).unwrap();
+    w.copy_from_slice(&wv.f32s()).unwrap();
+    let c = draw(&mut r, &[4], Dom::Sym(1.5));
+    let x = draw(&mut r, &[3, 4], Dom::Sym(1.5));
+    let gw = draw(&mut r, &[3, 6], Dom::Sym(1.5));
+    let h = draw(&mut r, &[3, 4], Dom::Sym(1.5));
+    let up = |v: &Arr| v.upload(d);
+    let mut results: Vec<Result<(), String>> = Vec::new();
+    let mut compare = |what: &str, t: &Tensor, want: &Arr| {
+        let got = t.grad().expect("a gradient").to_vec().unwrap();
+        let bad = got
+            .iter()
+            .zip(&want.data)
+            .any(|(&g, &w)| !((g as f64 - w).abs() / w.abs().max(1.0) <= GRAD_TOL));
+        if bad {
+            let show = |v: &mut dyn Iterator<Item = f64>| {
+                v.map(|x| format!("{x:.4}")).collect::<Vec<_>>().join(", ")
+            };
+            results.push(Err(format!(
+                "{what}:\n    got  [{}]\n    want [{}]",
+                show(&mut got.iter().map(|&v| v as f64)),
+                show(&mut want.data.iter().copied())
+            )));
+        }
+    };
+
+    // sum(a * c) + sum((x @ w.t()) * gw) + sum(w.narrow(0, 2, 3) * h)
+    let loss = a
+        .mul(&up(&c))
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .add(
+            &up(&x)
+                .matmul(&w.t().unwrap())
+                .unwrap()
+                .mul(&up(&gw))
+                .unwrap()
+                .sum_all()
+                .unwrap(),
+        )
+        .unwrap()
+        .add(
+            &w.narrow(0, 2, 3)
+                .unwrap()
+                .mul(&up(&h))
+                .unwrap()
+                .sum_all()
+                .unwrap(),
+        )
+        .unwrap();
+    loss.backward().unwrap();
+    let want_w = gw.t().matmul(&x).zip(
+        &Arr::build(&[6, 4], |i| {
+            if (2..5).contains(&i[0]) {
+                h.at(&[i[0] - 2, i[1]])
+            } else {
+                0.0
+            }
+        }),
+        |p, q| p + q,
+    );
+    compare("a (after backward through views of w)", a, &c);
+    compare("w (through w.t() and w.narrow)", w, &want_w);
+
+    // Only views of w, after zero_grad: the slice-only contribution lands in w's region.
+    params.zero_grad();
+    w.narrow(0, 2, 3)
+        .unwrap()
+        .mul(&up(&h))
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let want_slice = Arr::build(&[6, 4], |i| {
+        if (2..5).contains(&i[0]) {
+            h.at(&[i[0] - 2, i[1]])
+        } else {
+            0.0
+        }
+    });
+    compare("w (slice only, after zero_grad)", w, &want_slice);
+    assert!(
+        a.grad().is_none(),
+        "a got a gradient from a loss over w alone"
+    );
+    all_pass(results);
 }
 
 // ------------------------------------------------------------------------------------------
