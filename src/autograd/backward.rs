@@ -84,13 +84,21 @@ impl BackwardCtx<'_> {
                 }
                 Ok(())
             }
-            Some(Meta::View { base }) => {
+            Some(Meta::View { base, rel }) => {
                 let covers = x.numel() == base.numel();
                 let (buf, mode) = self.full_target(base, covers)?;
+                if !buf.is_contiguous() {
+                    return Err(Error::InvalidArgument {
+                        op: "backward",
+                        reason:
+                            "a gradient buffer is not row-major (an engine invariant was broken)"
+                                .into(),
+                    });
+                }
                 let view = buf.with_layout(Layout {
-                    shape: x.shape().to_vec(),
-                    strides: x.strides().to_vec(),
-                    offset: x.layout().offset - base.layout().offset,
+                    shape: rel.shape.clone(),
+                    strides: rel.strides.clone(),
+                    offset: buf.layout().offset + rel.offset,
                 });
                 match mode {
                     Mode::Write => f(Out::Write(&view))?,
@@ -175,7 +183,7 @@ fn copy_into(t: &Tensor, out: Out<'_>) -> Result<Tensor> {
 fn node_of(t: &Tensor) -> Option<Arc<Node>> {
     match meta(t)? {
         Meta::Node(n) => Some(n.clone()),
-        Meta::View { base } => node_of(base),
+        Meta::View { base, .. } => node_of(base),
         Meta::Leaf(_) => None,
     }
 }

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 pub(crate) use backward::BackwardCtx;
 
 use crate::error::{Error, Result};
-use crate::graph::Tensor;
+use crate::graph::{Layout, Tensor};
 use crate::kernels::reduce::ReduceOp;
 
 /// A backward rule: from the gradient of the output, the gradients of the inputs.
@@ -53,9 +53,12 @@ struct GradSlot {
 pub(crate) enum Meta {
     Leaf(Arc<Leaf>),
     Node(Arc<Node>),
-    /// A view of `base` (a leaf or node tensor, never itself a view).
+    /// A view of `base` (a leaf or node tensor, never itself a view): `rel` is the view's layout
+    /// over a row-major image of the base (offset 0), whatever the base's own storage layout.
+    /// The view's gradient is `rel` applied to the base's (row-major) gradient buffer.
     View {
         base: Tensor,
+        rel: Layout,
     },
 }
 
@@ -86,14 +89,6 @@ pub(crate) fn meta(t: &Tensor) -> Option<&Meta> {
     t.attachment().and_then(|a| a.downcast_ref::<Meta>())
 }
 
-/// The tensor whose gradient `t`'s gradient lands in (itself, or the base of a view).
-pub(crate) fn holder(t: &Tensor) -> Option<Tensor> {
-    match meta(t)? {
-        Meta::View { base } => Some(base.clone()),
-        _ => Some(t.clone()),
-    }
-}
-
 /// Attaches a backward node to `out` when recording is on and an input needs a gradient.
 /// `rule` is built only then (it saves tensors).
 pub(crate) fn record<B: Backward + 'static>(
@@ -114,14 +109,46 @@ pub(crate) fn record<B: Backward + 'static>(
     out.with_attachment(Some(Arc::new(Meta::Node(Arc::new(node)))))
 }
 
-/// The view `view` of `src` gets `src`'s record (an injective view: reshape, permute, narrow).
-pub(crate) fn record_view(src: &Tensor, view: Tensor) -> Tensor {
+/// The view `view` that `f` made of `src`'s layout gets `src`'s record (an injective view:
+/// reshape, permute, narrow, (un)squeeze): `f` is replayed on the row-major image of the base.
+pub(crate) fn record_view(
+    src: &Tensor,
+    view: Tensor,
+    f: impl Fn(&Layout) -> Option<Layout>,
+) -> Tensor {
     if !grad_enabled() {
         return view;
     }
-    match holder(src) {
-        Some(base) => view.with_attachment(Some(Arc::new(Meta::View { base }))),
-        None => view,
+    let (base, image) = match meta(src) {
+        None => return view,
+        Some(Meta::View { base, rel }) => (base.clone(), rel.clone()),
+        Some(_) => (src.clone(), Layout::contiguous(src.shape())),
+    };
+    match f(&image) {
+        Some(rel) => view.with_attachment(Some(Arc::new(Meta::View { base, rel }))),
+        // The view exists in storage but not on the row-major image (a reshape of a view whose
+        // image is not contiguous): route its gradient through a reshape of g instead.
+        None => {
+            let src_shape = src.shape().to_vec();
+            record(view, &[src], || ReshapeBackward { src_shape })
+        }
+    }
+}
+
+/// Backward of a view that has no image on its base: g reshaped (copied if need be) to the
+/// source's shape.
+struct ReshapeBackward {
+    src_shape: Vec<usize>,
+}
+
+impl Backward for ReshapeBackward {
+    fn name(&self) -> &'static str {
+        "reshape"
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        let g = g.reshape(&self.src_shape)?;
+        ctx.put(0, g)
     }
 }
 

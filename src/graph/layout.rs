@@ -127,6 +127,27 @@ impl Layout {
         }
     }
 
+    /// A size-1 dim inserted at `d` (0..=rank).
+    pub fn unsqueeze(&self, d: usize) -> Layout {
+        let mut l = self.clone();
+        let stride = if d < l.rank() {
+            l.strides[d] * l.shape[d]
+        } else {
+            1
+        };
+        l.shape.insert(d, 1);
+        l.strides.insert(d, stride);
+        l
+    }
+
+    /// The size-1 dim `d` removed (the caller checked its size).
+    pub fn squeeze(&self, d: usize) -> Layout {
+        let mut l = self.clone();
+        l.shape.remove(d);
+        l.strides.remove(d);
+        l
+    }
+
     /// `len` entries from `start` along `dim`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Layout {
         let mut l = self.clone();

@@ -3,7 +3,7 @@
 
 use crate::autograd::{record, record_view, Backward, BackwardCtx};
 use crate::error::{Error, Result};
-use crate::graph::{broadcast_shape, resolve_dim, Tensor};
+use crate::graph::{broadcast_shape, resolve_dim, Layout, Tensor};
 use crate::kernels::elementwise::UnaryOp;
 
 /// A broadcast view reads each element many times: its gradient sums back over those reads.
@@ -33,7 +33,7 @@ impl Tensor {
             });
         }
         match self.layout().reshape(shape) {
-            Some(l) => Ok(record_view(self, self.with_layout(l))),
+            Some(_) => self.view(|l| l.reshape(shape)),
             None => self.contiguous()?.reshape(shape),
         }
     }
@@ -55,10 +55,7 @@ impl Tensor {
                 ),
             });
         }
-        Ok(record_view(
-            self,
-            self.with_layout(self.layout().permute(dims)),
-        ))
+        self.view(|l| Some(l.permute(dims)))
     }
 
     /// Dims `d0` and `d1` swapped (negative dims count from the end).
@@ -89,10 +86,7 @@ impl Tensor {
                 ),
             });
         }
-        Ok(record_view(
-            self,
-            self.with_layout(self.layout().narrow(d, start, len)),
-        ))
+        self.view(|l| Some(l.narrow(d, start, len)))
     }
 
     /// This tensor seen with shape `shape` (numpy broadcasting), without a copy.
@@ -105,10 +99,10 @@ impl Tensor {
                 rhs: shape.to_vec(),
             });
         }
-        let view = self.with_layout(self.layout().broadcast_to(shape));
         if self.shape() == shape {
-            return Ok(record_view(self, view));
+            return self.view(|l| Some(l.clone()));
         }
+        let view = self.with_layout(self.layout().broadcast_to(shape));
         Ok(record(view, &[self], || BroadcastBackward {
             shape: self.shape().to_vec(),
         }))
@@ -117,15 +111,7 @@ impl Tensor {
     /// A dim of size 1 inserted at `dim` (0..=rank; negative counts from the end).
     pub fn unsqueeze(&self, dim: isize) -> Result<Tensor> {
         let d = resolve_dim("unsqueeze", dim, self.rank() + 1)?;
-        let mut l = self.layout().clone();
-        let stride = if d < l.rank() {
-            l.strides[d] * l.shape[d]
-        } else {
-            1
-        };
-        l.shape.insert(d, 1);
-        l.strides.insert(d, stride);
-        Ok(record_view(self, self.with_layout(l)))
+        self.view(|l| Some(l.unsqueeze(d)))
     }
 
     /// The size-1 dim `dim` removed.
@@ -138,10 +124,17 @@ impl Tensor {
                 got: self.shape().to_vec(),
             });
         }
-        let mut l = self.layout().clone();
-        l.shape.remove(d);
-        l.strides.remove(d);
-        Ok(record_view(self, self.with_layout(l)))
+        self.view(|l| Some(l.squeeze(d)))
+    }
+
+    /// The view `f` makes of this tensor's layout (the caller checked that it applies); its
+    /// gradient lands where `f` puts it in this tensor's gradient.
+    fn view(&self, f: impl Fn(&Layout) -> Option<Layout>) -> Result<Tensor> {
+        let layout = f(self.layout()).ok_or_else(|| Error::InvalidArgument {
+            op: "view",
+            reason: format!("the layout of {:?} does not allow this view", self.shape()),
+        })?;
+        Ok(record_view(self, self.with_layout(layout), f))
     }
 
     /// A row-major copy, or this tensor when it already is row-major.
