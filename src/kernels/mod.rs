@@ -13,6 +13,7 @@
 
 pub mod elementwise;
 pub mod gather;
+pub mod layernorm;
 pub mod matmul;
 pub mod random;
 pub mod reduce;
@@ -302,6 +303,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(gather::variants());
     v.extend(scatter::variants());
     v.extend(random::variants());
+    v.extend(layernorm::variants());
     v
 }
 

@@ -4,6 +4,7 @@
 mod create;
 mod elementwise;
 mod gather;
+mod layernorm;
 mod matmul;
 mod reduce;
 mod softmax;
