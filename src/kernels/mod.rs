@@ -11,6 +11,7 @@
 //! module that naga validates and translates on its own. Pipelines are cached by
 //! (kernel, specialization) and can all be compiled ahead with `PipelineCache::warmup`.
 
+pub mod cross_entropy;
 pub mod elementwise;
 pub mod gather;
 pub mod layernorm;
@@ -304,6 +305,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(scatter::variants());
     v.extend(random::variants());
     v.extend(layernorm::variants());
+    v.extend(cross_entropy::variants());
     v
 }
 

@@ -2,6 +2,7 @@
 //! in one place; kernels live in `crate::kernels`.
 
 mod create;
+mod cross_entropy;
 mod elementwise;
 mod gather;
 mod layernorm;
