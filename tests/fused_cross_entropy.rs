@@ -346,3 +346,14 @@ fn dispatch_counts() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn zero_rows_give_nan_and_an_empty_gradient() -> Result<()> {
+    let d = dev();
+    let logits = Tensor::zeros(d, &[0, 5])?.requires_grad();
+    let loss = logits.cross_entropy(&Tensor::from_u32(d, &[], &[0])?, None)?;
+    assert!(loss.item()?.is_nan());
+    loss.backward()?;
+    assert_eq!(logits.grad().expect("reached by backward").shape(), &[0, 5]);
+    Ok(())
+}

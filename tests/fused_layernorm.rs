@@ -303,3 +303,20 @@ fn dispatch_counts() -> Result<()> {
     assert_eq!(counts[0], (1, 4));
     Ok(())
 }
+
+#[test]
+fn zero_rows_give_zero_gamma_and_beta_gradients() -> Result<()> {
+    let d = dev();
+    let x = Tensor::zeros(d, &[0, 7])?.requires_grad();
+    let gamma = Tensor::ones(d, &[7])?.requires_grad();
+    let beta = Tensor::zeros(d, &[7])?.requires_grad();
+    poison(d, 7);
+    let y = x.layer_norm(&gamma, &beta, EPS)?;
+    assert_eq!(y.shape(), &[0, 7]);
+    y.sum_all()?.backward()?;
+    for p in [&gamma, &beta] {
+        let g = p.grad().expect("reached by backward").to_vec()?;
+        assert_eq!(g, vec![0.0; 7]);
+    }
+    Ok(())
+}
