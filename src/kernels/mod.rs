@@ -12,8 +12,10 @@
 //! (kernel, specialization) and can all be compiled ahead with `PipelineCache::warmup`.
 
 pub mod adamw;
+pub mod cross_entropy;
 pub mod elementwise;
 pub mod gather;
+pub mod layernorm;
 pub mod matmul;
 pub mod random;
 pub mod reduce;
@@ -304,6 +306,8 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(scatter::variants());
     v.extend(adamw::variants());
     v.extend(random::variants());
+    v.extend(layernorm::variants());
+    v.extend(cross_entropy::variants());
     v
 }
 

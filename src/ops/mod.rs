@@ -2,8 +2,10 @@
 //! in one place; kernels live in `crate::kernels`.
 
 mod create;
+mod cross_entropy;
 mod elementwise;
 mod gather;
+mod layernorm;
 mod linear;
 mod matmul;
 mod reduce;

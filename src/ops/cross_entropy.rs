@@ -1,0 +1,256 @@
+//! Cross-entropy of logits against u32 class targets, fused. The forward is one pass over the
+//! logits (an online max and rescaled sum give lse, then the per-row loss) and the mean over
+//! the non-ignored rows (1 / n_valid folded into the sum's scale); backward writes dlogits in
+//! one pass from the saved lse. `cross_entropy_unfused` is the same function in existing ops
+//! (log_softmax, a one-hot product, a sum): the reference tests compare.
+//!
+//! Shapes: logits (..., V) seen as (N, V); targets (...) or (N), u32; lse (N); loss [].
+//! Targets are checked on the host (every non-ignored one < V) from the copy `from_u32` keeps,
+//! so no read-back is needed. With no non-ignored target the loss is NaN (0 / 0, as PyTorch's
+//! mean) and the gradient zero.
+
+use crate::autograd::{record, Backward, BackwardCtx};
+use crate::error::{Error, Result};
+use crate::graph::{DType, Tensor};
+use crate::kernels::cross_entropy::{self, CrossEntropyParams, NO_IGNORE};
+use crate::kernels::reduce::ReduceOp;
+use crate::ops::elementwise::launch_copy;
+use crate::ops::Out;
+
+const OP: &str = "cross_entropy";
+
+/// What backward needs: the logits, the targets, and the lse the forward saved.
+struct CrossEntropyBackward {
+    logits: Tensor,  // (..., V) contiguous
+    targets: Tensor, // (N) u32
+    lse: Tensor,     // (N)
+    ignore_index: u32,
+    /// 1 / n_valid; 0 when every row is ignored (no row then has a gradient).
+    inv_n: f32,
+}
+
+impl Backward for CrossEntropyBackward {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        ctx.put_with(0, |out| self.dlogits(g, out))
+    }
+}
+
+impl CrossEntropyBackward {
+    /// dlogits = g * (softmax - onehot) / n_valid, written per `out` in one dispatch; g (the
+    /// scalar upstream gradient) is read by the kernel from its buffer.
+    fn dlogits(&self, g: &Tensor, out: Out<'_>) -> Result<Tensor> {
+        let x = &self.logits;
+        let device = x.device();
+        let inputs = [x, g, &self.lse, &self.targets];
+        let (target, acc) = out.resolve(OP, device, x.shape(), &inputs)?;
+        if !target.is_contiguous() {
+            // The kernel writes contiguous rows: compute into a new tensor, then copy it in.
+            let fresh = self.dlogits(g, Out::New)?;
+            let out = if acc {
+                Out::Acc(&target)
+            } else {
+                Out::Write(&target)
+            };
+            return launch_copy(&fresh, out);
+        }
+        let rows = self.lse.numel();
+        let params = CrossEntropyParams {
+            rows: rows as u32,
+            cols: x.shape().last().copied().unwrap_or(1) as u32,
+            x_offset: x.layout().offset as u32,
+            target_offset: self.targets.layout().offset as u32,
+            ignore_index: self.ignore_index,
+            out_offset: target.layout().offset as u32,
+            g_offset: g.layout().offset as u32,
+            inv_n: self.inv_n,
+        };
+        device.record(
+            &cross_entropy::CROSS_ENTROPY_BACKWARD,
+            &cross_entropy::spec(acc),
+            &params,
+            &[
+                target.storage(),
+                self.lse.storage(),
+                x.storage(),
+                self.targets.storage(),
+                g.storage(),
+            ],
+            device.grid(rows as u64),
+        );
+        Ok(target)
+    }
+}
+
+/// The operands of a cross-entropy, checked.
+struct Checked {
+    rows: usize,
+    classes: usize,
+    /// Each row's target class; None where the row is ignored.
+    targets: Vec<Option<u32>>,
+}
+
+impl Checked {
+    fn n_valid(&self) -> usize {
+        self.targets.iter().flatten().count()
+    }
+}
+
+fn check_args(
+    op: &'static str,
+    logits: &Tensor,
+    targets: &Tensor,
+    ignore_index: Option<u32>,
+) -> Result<Checked> {
+    logits.expect_dtype(op, DType::F32)?;
+    targets.expect_dtype(op, DType::U32)?;
+    logits.expect_same_device(op, targets)?;
+    let Some((&classes, lead)) = logits.shape().split_last() else {
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: "logits of rank 1 or more, (..., V)".into(),
+            got: vec![],
+        });
+    };
+    if classes == 0 {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "logits of shape {:?} have no classes (V = 0)",
+                logits.shape()
+            ),
+        });
+    }
+    if logits.numel() > u32::MAX as usize {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "{} logits exceed the kernels' 32-bit indexing",
+                logits.numel()
+            ),
+        });
+    }
+    let rows: usize = lead.iter().product();
+    if targets.shape() != lead && targets.shape() != [rows] {
+        return Err(Error::ShapeMismatch {
+            op,
+            expected: format!(
+                "targets of shape {lead:?} or [{rows}] (one per row of logits of shape {:?})",
+                logits.shape()
+            ),
+            got: targets.shape().to_vec(),
+        });
+    }
+    let host = match targets.host_u32() {
+        Some(h) if targets.is_contiguous() => h,
+        _ => {
+            return Err(Error::InvalidArgument {
+                op,
+                reason: "targets need the host copy Tensor::from_u32 keeps (not a view or a GPU \
+                         result), to be checked against V and counted without a read-back"
+                    .into(),
+            })
+        }
+    };
+    let offset = targets.layout().offset;
+    let targets = (0..rows)
+        .map(|i| {
+            let t = host[offset + i];
+            if Some(t) == ignore_index {
+                Ok(None)
+            } else if t as usize >= classes {
+                Err(Error::InvalidArgument {
+                    op,
+                    reason: format!(
+                        "target {t} at position {i} is out of range for V = {classes} classes \
+                         (ignore_index {ignore_index:?})"
+                    ),
+                })
+            } else {
+                Ok(Some(t))
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Checked {
+        rows,
+        classes,
+        targets,
+    })
+}
+
+impl Tensor {
+    /// The mean cross-entropy of these logits (..., V) against `targets` (...) or (N) made by
+    /// `Tensor::from_u32`, over the rows whose target is not `ignore_index`; shape []. NaN
+    /// when every row is ignored (as PyTorch). A target >= V is an error.
+    pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<u32>) -> Result<Tensor> {
+        let checked = check_args(OP, self, targets, ignore_index)?;
+        let n_valid = checked.n_valid();
+        let x = self.contiguous()?;
+        let device = x.device();
+        let rows = checked.rows;
+        let row_loss = Tensor::uninit(device, &[rows], DType::F32, OP)?;
+        let lse = Tensor::uninit(device, &[rows], DType::F32, OP)?;
+        let ignore_index = ignore_index.unwrap_or(NO_IGNORE);
+        let params = CrossEntropyParams {
+            rows: rows as u32,
+            cols: checked.classes as u32,
+            x_offset: x.layout().offset as u32,
+            target_offset: targets.layout().offset as u32,
+            ignore_index,
+            ..Default::default()
+        };
+        device.record(
+            &cross_entropy::CROSS_ENTROPY_FORWARD,
+            &cross_entropy::spec(false),
+            &params,
+            &[
+                row_loss.storage(),
+                lse.storage(),
+                x.storage(),
+                targets.storage(),
+            ],
+            device.grid(rows as u64),
+        );
+        // The mean: 1 / n_valid is the sum's scale. With no valid row the sum is 0 and the
+        // scale NaN, so the loss is NaN, as PyTorch's 0 / 0.
+        let inv_n = if n_valid == 0 {
+            f32::NAN
+        } else {
+            1.0 / n_valid as f32
+        };
+        // row_loss carries no autograd record, so this sum records no backward of its own.
+        let loss = row_loss.reduce_all(ReduceOp::Sum, inv_n)?;
+        Ok(record(loss, &[&x], || CrossEntropyBackward {
+            logits: x.detach(),
+            targets: targets.detach(),
+            lse,
+            ignore_index,
+            inv_n: if n_valid == 0 { 0.0 } else { inv_n },
+        }))
+    }
+
+    /// The same loss composed of existing ops: -sum(log_softmax(logits) * onehot) / n_valid,
+    /// with the one-hot mask (zero rows where ignored) built on the host. The unfused
+    /// reference of `cross_entropy`.
+    pub fn cross_entropy_unfused(
+        &self,
+        targets: &Tensor,
+        ignore_index: Option<u32>,
+    ) -> Result<Tensor> {
+        let checked = check_args("cross_entropy_unfused", self, targets, ignore_index)?;
+        let v = checked.classes;
+        let mut onehot = vec![0.0f32; checked.rows * v];
+        for (row, t) in checked.targets.iter().enumerate() {
+            if let Some(t) = t {
+                onehot[row * v + *t as usize] = 1.0;
+            }
+        }
+        let onehot = Tensor::from_slice(self.device(), &onehot, self.shape())?;
+        let picked = self.log_softmax()?.mul(&onehot)?.sum_all()?;
+        // -1 / 0 = -inf times a sum of 0 gives NaN when every row is ignored, as the fused op.
+        picked.mul_scalar(-1.0 / checked.n_valid() as f32)
+    }
+}

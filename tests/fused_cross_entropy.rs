@@ -1,0 +1,359 @@
+//! The fused cross-entropy: loss and dlogits against a CPU f64 reference at odd sizes and at
+//! GPT-2's V = 50257, with poisoned outputs; logits far from 0 and a maximum found late in the
+//! row (the online rescaling); values and gradients against the unfused composition;
+//! finite differences; ignore_index; errors; gradient accumulation and an upstream gradient
+//! other than 1; and its dispatch counts.
+
+mod common;
+
+use common::*;
+use rand::rngs::StdRng;
+use rand::Rng;
+use wgrad::autograd::gradcheck::{self, Input};
+use wgrad::{Device, Error, Result, Tensor};
+
+/// The mean loss over non-ignored rows and its dlogits, in f64.
+fn ce_ref(x: &[f64], targets: &[u32], v: usize, ignore: Option<u32>) -> (f64, Vec<f64>) {
+    let n_valid = targets.iter().filter(|&&t| Some(t) != ignore).count() as f64;
+    let mut loss = 0.0;
+    let mut grad = vec![0.0; x.len()];
+    for (r, row) in x.chunks(v).enumerate() {
+        let t = targets[r];
+        if Some(t) == ignore {
+            continue;
+        }
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + row.iter().map(|&a| (a - m).exp()).sum::<f64>().ln();
+        loss += lse - row[t as usize];
+        for (j, &a) in row.iter().enumerate() {
+            let onehot = if j == t as usize { 1.0 } else { 0.0 };
+            grad[r * v + j] = ((a - lse).exp() - onehot) / n_valid;
+        }
+    }
+    (loss / n_valid, grad)
+}
+
+fn rand_targets(rng: &mut StdRng, n: usize, v: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.random_range(0..v as u32)).collect()
+}
+
+/// dlogits compared after scaling by V * n_valid, where the softmax terms are of order 1
+/// (unscaled they are ~1/V, and any absolute tolerance would pass them).
+#[track_caller]
+fn check_grad(got: &[f32], want: &[f64], v: usize, n_valid: usize, what: &str) {
+    let s = (v * n_valid.max(1)) as f64;
+    let got: Vec<f32> = got.iter().map(|&g| (g as f64 * s) as f32).collect();
+    let want: Vec<f64> = want.iter().map(|w| w * s).collect();
+    assert_close(&got, &want, TOL, what);
+}
+
+/// Loss and dlogits of the fused op on the shared device (outputs poisoned first).
+fn run(x: &Arr, targets: &[u32], ignore: Option<u32>) -> Result<(f32, Vec<f32>)> {
+    run_on(dev(), x, targets, ignore)
+}
+
+fn run_on(d: &Device, x: &Arr, targets: &[u32], ignore: Option<u32>) -> Result<(f32, Vec<f32>)> {
+    let v = *x.shape.last().expect("rank >= 1");
+    let lead = &x.shape[..x.rank() - 1];
+    let logits = x.upload(d).requires_grad();
+    let t = Tensor::from_u32(d, targets, lead)?;
+    poison(d, targets.len()); // the per-row losses and lse
+    poison(d, 1);
+    let loss = logits.cross_entropy(&t, ignore)?;
+    poison(d, x.numel()); // dlogits
+    loss.backward()?;
+    let grad = logits.grad().expect("reached by backward").to_vec()?;
+    assert_eq!(loss.shape(), &[] as &[usize]);
+    assert_eq!(grad.len(), targets.len() * v);
+    Ok((loss.item()?, grad))
+}
+
+#[test]
+fn matches_f64_reference_at_odd_sizes() -> Result<()> {
+    let mut rng = rng("ce_forward");
+    for v in [1, 7, 255, 768, 1000] {
+        for shape in [vec![1, v], vec![5, v], vec![3, 11, v]] {
+            let x = Arr::rand(&mut rng, &shape, -4.0, 4.0);
+            let n = x.numel() / v;
+            let targets = rand_targets(&mut rng, n, v);
+            let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, None);
+            let (loss, grad) = run(&x, &targets, None)?;
+            assert_close(&[loss], &[want_loss], TOL, &format!("loss {shape:?}"));
+            check_grad(&grad, &want_grad, v, n, &format!("dlogits {shape:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn without_subgroups() -> Result<()> {
+    let mut rng = rng("ce_tree");
+    for (n, v) in [(5, 7), (4, 1000)] {
+        let x = Arr::rand(&mut rng, &[n, v], -4.0, 4.0);
+        let targets = rand_targets(&mut rng, n, v);
+        let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, None);
+        let (loss, grad) = run_on(tree_dev(), &x, &targets, None)?;
+        assert_close(
+            &[loss],
+            &[want_loss],
+            TOL,
+            &format!("loss (tree) ({n}, {v})"),
+        );
+        check_grad(
+            &grad,
+            &want_grad,
+            v,
+            n,
+            &format!("dlogits (tree) ({n}, {v})"),
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn gpt2_vocabulary_50257() -> Result<()> {
+    let mut rng = rng("ce_50257");
+    let v = 50257;
+    let x = Arr::rand(&mut rng, &[3, v], -8.0, 8.0);
+    let targets = vec![0, 50256, 31337];
+    let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, None);
+    let (loss, grad) = run(&x, &targets, None)?;
+    assert_close(&[loss], &[want_loss], TOL, "loss V=50257");
+    check_grad(&grad, &want_grad, v, 3, "dlogits V=50257");
+    Ok(())
+}
+
+#[test]
+fn large_logits_and_a_late_maximum() -> Result<()> {
+    let mut rng = rng("ce_stability");
+    let v = 1000;
+    let mut rows = vec![
+        Arr::rand(&mut rng, &[v], -100.0, 100.0).data,
+        vec![42.0; v], // all equal: the sum is exactly V terms of 1
+    ];
+    // Ascending: every lane's running max grows at each step (rescaling each time).
+    let mut ascending = Arr::rand(&mut rng, &[v], -80.0, 80.0).data;
+    ascending.sort_by(f64::total_cmp);
+    rows.push(ascending);
+    let x = Arr::new(&[3, v], rows.concat());
+    let targets = vec![17, 500, 999];
+    let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, None);
+    let (loss, grad) = run(&x, &targets, None)?;
+    assert_close(&[loss], &[want_loss], TOL, "loss, large logits");
+    check_grad(&grad, &want_grad, v, 3, "dlogits, large logits");
+    Ok(())
+}
+
+#[test]
+fn fused_matches_unfused_values_and_gradients() -> Result<()> {
+    let d = dev();
+    let mut rng = rng("ce_vs_unfused");
+    let ignore = Some(3);
+    for shape in [vec![5, 7], vec![33, 1000], vec![3, 11, 255]] {
+        let v = *shape.last().expect("rank >= 1");
+        let x = Arr::rand(&mut rng, &shape, -4.0, 4.0);
+        let mut targets = rand_targets(&mut rng, x.numel() / v, v);
+        targets[0] = 3; // at least one ignored row
+        let n_valid = targets.iter().filter(|&&t| Some(t) != ignore).count();
+        let mut results = Vec::new();
+        for fused in [true, false] {
+            let logits = x.upload(d).requires_grad();
+            let t = Tensor::from_u32(d, &targets, &shape[..shape.len() - 1])?;
+            let loss = if fused {
+                logits.cross_entropy(&t, ignore)?
+            } else {
+                logits.cross_entropy_unfused(&t, ignore)?
+            };
+            loss.backward()?;
+            let grad = logits.grad().expect("reached by backward").to_vec()?;
+            results.push((loss.item()?, grad));
+        }
+        let (fused, unfused) = (&results[0], &results[1]);
+        assert_close(
+            &[fused.0],
+            &[unfused.0 as f64],
+            TOL,
+            &format!("loss {shape:?}"),
+        );
+        let want: Vec<f64> = unfused.1.iter().map(|&g| g as f64).collect();
+        check_grad(&fused.1, &want, v, n_valid, &format!("dlogits {shape:?}"));
+    }
+    Ok(())
+}
+
+#[test]
+fn gradients_match_finite_differences() -> Result<()> {
+    let d = dev();
+    let mut rng = rng("ce_gradcheck");
+    let (n, v) = (4, 7);
+    let x = Arr::rand(&mut rng, &[n, v], -2.0, 2.0);
+    let targets = vec![3, 0, 5, 6];
+    let ignore = Some(5); // row 2 is ignored
+    let t = Tensor::from_u32(d, &targets, &[n])?;
+    let report = gradcheck::check(
+        d,
+        &[Input {
+            data: x.f32s(),
+            shape: x.shape.clone(),
+        }],
+        |p| p[0].cross_entropy(&t, ignore),
+        |p| ce_ref(&p[0], &targets, v, ignore).0,
+        1e-5,
+        TOL,
+    )?;
+    assert!(report.error < TOL, "{report:?}");
+    Ok(())
+}
+
+#[test]
+fn ignored_rows_count_for_nothing() -> Result<()> {
+    let mut rng = rng("ce_ignore");
+    let (n, v) = (6, 9);
+    let x = Arr::rand(&mut rng, &[n, v], -3.0, 3.0);
+    // An ignore_index inside [0, V) and one past it (that value would otherwise be an error).
+    for (ignore, targets) in [
+        (Some(2), vec![2, 0, 8, 2, 5, 1]),
+        (Some(1000), vec![1000, 4, 1000, 7, 0, 3]),
+    ] {
+        let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, ignore);
+        let (loss, grad) = run(&x, &targets, ignore)?;
+        let n_valid = targets.iter().filter(|&&t| Some(t) != ignore).count();
+        assert_close(&[loss], &[want_loss], TOL, "loss with ignored rows");
+        check_grad(&grad, &want_grad, v, n_valid, "dlogits with ignored rows");
+        for (r, &t) in targets.iter().enumerate() {
+            if Some(t) == ignore {
+                assert!(
+                    grad[r * v..(r + 1) * v].iter().all(|&g| g == 0.0),
+                    "row {r}"
+                );
+            }
+        }
+    }
+    // Every row ignored: NaN (0 / 0, as PyTorch), and no gradient anywhere.
+    let (loss, grad) = run(&x, &[7; 6], Some(7))?;
+    assert!(loss.is_nan(), "loss {loss}");
+    assert!(grad.iter().all(|&g| g == 0.0));
+    Ok(())
+}
+
+#[test]
+fn bad_targets_are_errors() -> Result<()> {
+    let d = dev();
+    let logits = Tensor::zeros(d, &[4, 9])?;
+    let out_of_range = Tensor::from_u32(d, &[0, 8, 9, 1], &[4])?;
+    match logits.cross_entropy(&out_of_range, None) {
+        Err(Error::InvalidArgument { op, reason }) => {
+            assert_eq!(op, "cross_entropy");
+            for part in ["target 9", "position 2", "V = 9"] {
+                assert!(reason.contains(part), "{reason}");
+            }
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    // Ignoring 9 makes the same targets valid.
+    logits.cross_entropy(&out_of_range, Some(9))?;
+    assert!(matches!(
+        logits.cross_entropy(&Tensor::from_u32(d, &[0, 1, 2], &[3])?, None),
+        Err(Error::ShapeMismatch {
+            op: "cross_entropy",
+            ..
+        })
+    ));
+    assert!(matches!(
+        logits.cross_entropy(&Tensor::zeros(d, &[4])?, None),
+        Err(Error::DTypeMismatch {
+            op: "cross_entropy",
+            ..
+        })
+    ));
+    // A view has no host copy to check the targets against.
+    let view = Tensor::from_u32(d, &[0, 1, 2, 3], &[2, 2])?.reshape(&[4])?;
+    match logits.cross_entropy(&view, None) {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("from_u32"), "{reason}")
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[test]
+fn logits_used_elsewhere_and_repeated_backward_accumulate() -> Result<()> {
+    // loss = 3 CE(x) + 0.01 sum(x^2): dlogits is added to another contribution, and the
+    // upstream gradient of the CE is 3 (read from its buffer by the kernel).
+    let d = dev();
+    let mut rng = rng("ce_accumulate");
+    let (n, v) = (5, 33);
+    let x = Arr::rand(&mut rng, &[n, v], -3.0, 3.0);
+    let targets = rand_targets(&mut rng, n, v);
+    let t = Tensor::from_u32(d, &targets, &[n])?;
+    let mut results = Vec::new();
+    for fused in [true, false] {
+        let logits = x.upload(d).requires_grad();
+        let mut passes = Vec::new();
+        for _ in 0..2 {
+            let ce = if fused {
+                logits.cross_entropy(&t, None)?
+            } else {
+                logits.cross_entropy_unfused(&t, None)?
+            };
+            let loss = ce
+                .mul_scalar(3.0)?
+                .add(&logits.square()?.sum_all()?.mul_scalar(0.01)?)?;
+            loss.backward()?; // no zero_grad: the second pass adds in
+            passes.push(logits.grad().expect("reached by backward").to_vec()?);
+        }
+        results.push(passes);
+    }
+    let (fused, unfused) = (&results[0], &results[1]);
+    for (pass, (got, want)) in fused.iter().zip(unfused).enumerate() {
+        let want: Vec<f64> = want.iter().map(|&g| g as f64).collect();
+        check_grad(got, &want, v, n, &format!("pass {pass}"));
+    }
+    let twice: Vec<f64> = fused[0].iter().map(|&g| 2.0 * g as f64).collect();
+    check_grad(&fused[1], &twice, v, n, "accumulated");
+    Ok(())
+}
+
+#[test]
+fn dispatch_counts() -> Result<()> {
+    let d = private_dev();
+    let mut rng = rng("ce_dispatches");
+    let seed = Tensor::ones(&d, &[])?;
+    // (rows, V): up to 2048 rows the mean is one reduction dispatch, past that two.
+    for (n, v, fused_forward) in [(33, 1000, 2), (2049, 8, 3)] {
+        let x = Arr::rand(&mut rng, &[n, v], -4.0, 4.0);
+        let t = Tensor::from_u32(&d, &rand_targets(&mut rng, n, v), &[n])?;
+        let mut counts = Vec::new();
+        for fused in [true, false] {
+            let logits = x.upload(&d).requires_grad();
+            let c0 = d.counters();
+            let loss = if fused {
+                logits.cross_entropy(&t, None)?
+            } else {
+                logits.cross_entropy_unfused(&t, None)?
+            };
+            let c1 = d.counters();
+            loss.backward_with(&seed)?;
+            let c2 = d.counters();
+            counts.push(((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches));
+        }
+        println!(
+            "cross_entropy ({n}, {v}) dispatches (forward, backward): fused {:?}, unfused {:?}",
+            counts[0], counts[1]
+        );
+        assert_eq!(counts[0], (fused_forward, 1));
+    }
+    Ok(())
+}
+
+#[test]
+fn zero_rows_give_nan_and_an_empty_gradient() -> Result<()> {
+    let d = dev();
+    let logits = Tensor::zeros(d, &[0, 5])?.requires_grad();
+    let loss = logits.cross_entropy(&Tensor::from_u32(d, &[], &[0])?, None)?;
+    assert!(loss.item()?.is_nan());
+    loss.backward()?;
+    assert_eq!(logits.grad().expect("reached by backward").shape(), &[0, 5]);
+    Ok(())
+}

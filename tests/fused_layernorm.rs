@@ -1,0 +1,322 @@
+//! The fused LayerNorm: forward against a CPU f64 reference at odd sizes with poisoned
+//! outputs; values and every gradient against the unfused composition of existing ops;
+//! backward against finite differences; errors; gradient accumulation into a shared gamma and
+//! into a reused x; gradient targets at an offset; the workgroup-memory reduction path; and
+//! its dispatch counts.
+
+mod common;
+
+use common::*;
+use rand::rngs::StdRng;
+use wgrad::autograd::gradcheck::{self, Input};
+use wgrad::{Error, Result, Tensor};
+
+const EPS: f32 = 1e-5;
+
+/// LayerNorm over rows of `cols` in f64 (biased variance, as the kernel).
+fn ln_ref(x: &[f64], gamma: &[f64], beta: &[f64], cols: usize) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(cols) {
+        let mean = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+        let rstd = 1.0 / (var + EPS as f64).sqrt();
+        for (c, v) in row.iter().enumerate() {
+            y.push((v - mean) * rstd * gamma[c] + beta[c]);
+        }
+    }
+    y
+}
+
+/// x (shape), gamma, beta (C): x around 3 (a mean far from 0 tests the two-pass variance).
+fn inputs(rng: &mut StdRng, shape: &[usize]) -> (Arr, Arr, Arr) {
+    let cols = *shape.last().expect("rank >= 1");
+    let x = Arr::rand(rng, shape, 2.0, 4.0);
+    let gamma = Arr::rand(rng, &[cols], 0.5, 1.5);
+    let beta = Arr::rand(rng, &[cols], -0.5, 0.5);
+    (x, gamma, beta)
+}
+
+#[test]
+fn forward_matches_f64_reference_at_odd_sizes() -> Result<()> {
+    let d = dev();
+    let mut rng = rng("layernorm_forward");
+    for cols in [1, 7, 255, 768, 1000] {
+        for shape in [vec![1, cols], vec![5, cols], vec![3, 11, cols]] {
+            let (x, gamma, beta) = inputs(&mut rng, &shape);
+            let want = Arr::new(&shape, ln_ref(&x.data, &gamma.data, &beta.data, cols));
+            poison(d, x.numel());
+            let y = x
+                .upload(d)
+                .layer_norm(&gamma.upload(d), &beta.upload(d), EPS)?;
+            check(&y, &want, TOL, &format!("layer_norm {shape:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn forward_without_subgroups() -> Result<()> {
+    let d = tree_dev();
+    let mut rng = rng("layernorm_tree");
+    for shape in [[5, 7], [33, 1000]] {
+        let (x, gamma, beta) = inputs(&mut rng, &shape);
+        let want = Arr::new(&shape, ln_ref(&x.data, &gamma.data, &beta.data, shape[1]));
+        poison(d, x.numel());
+        let y = x
+            .upload(d)
+            .layer_norm(&gamma.upload(d), &beta.upload(d), EPS)?;
+        check(&y, &want, TOL, &format!("layer_norm (tree) {shape:?}"));
+    }
+    Ok(())
+}
+
+/// loss = sum(f(x, gamma, beta) * w) and the gradients of x, gamma, beta.
+fn grads(
+    f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    x: &Arr,
+    gamma: &Arr,
+    beta: &Arr,
+    w: &Arr,
+) -> Result<Vec<Vec<f32>>> {
+    let d = dev();
+    let params = [x, gamma, beta].map(|a| a.upload(d).requires_grad());
+    let y = f(&params[0], &params[1], &params[2])?;
+    let loss = y.mul(&w.upload(d))?.sum_all()?;
+    loss.backward()?;
+    let mut out = vec![y.to_vec()?];
+    for p in &params {
+        out.push(p.grad().expect("reached by backward").to_vec()?);
+    }
+    Ok(out)
+}
+
+#[test]
+fn fused_matches_unfused_values_and_gradients() -> Result<()> {
+    let mut rng = rng("layernorm_vs_unfused");
+    for shape in [
+        vec![1, 1],
+        vec![5, 7],
+        vec![33, 255],
+        vec![3, 11, 768],
+        vec![5, 1000],
+    ] {
+        let (x, gamma, beta) = inputs(&mut rng, &shape);
+        let w = Arr::rand(&mut rng, &shape, -1.0, 1.0);
+        let fused = grads(|x, g, b| x.layer_norm(g, b, EPS), &x, &gamma, &beta, &w)?;
+        let unfused = grads(
+            |x, g, b| x.layer_norm_unfused(g, b, EPS),
+            &x,
+            &gamma,
+            &beta,
+            &w,
+        )?;
+        for (i, name) in ["y", "dx", "dgamma", "dbeta"].iter().enumerate() {
+            let want: Vec<f64> = unfused[i].iter().map(|&v| v as f64).collect();
+            assert_close(&fused[i], &want, TOL, &format!("{name} {shape:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gradients_match_finite_differences() -> Result<()> {
+    let d = dev();
+    let mut rng = rng("layernorm_gradcheck");
+    let (rows, cols) = (3, 5);
+    let (x, gamma, beta) = inputs(&mut rng, &[rows, cols]);
+    let x = x.map(|v| v - 3.0); // centred, so xhat is not dominated by one element
+    let w = Arr::rand(&mut rng, &[rows, cols], -1.0, 1.0);
+    let w_gpu = w.upload(d);
+    let input = |a: &Arr| Input {
+        data: a.f32s(),
+        shape: a.shape.clone(),
+    };
+    let report = gradcheck::check(
+        d,
+        &[input(&x), input(&gamma), input(&beta)],
+        |p| p[0].layer_norm(&p[1], &p[2], EPS)?.mul(&w_gpu)?.sum_all(),
+        |p| {
+            let y = ln_ref(&p[0], &p[1], &p[2], cols);
+            y.iter().zip(&w.data).map(|(a, b)| a * b).sum()
+        },
+        1e-5,
+        TOL,
+    )?;
+    assert!(report.error < TOL, "{report:?}");
+    Ok(())
+}
+
+#[test]
+fn wrong_gamma_or_beta_shape_is_an_error() -> Result<()> {
+    let d = dev();
+    let x = Tensor::zeros(d, &[4, 7])?;
+    let good = Tensor::ones(d, &[7])?;
+    for bad in [
+        Tensor::ones(d, &[6])?,
+        Tensor::ones(d, &[1, 7])?,
+        Tensor::ones(d, &[])?,
+    ] {
+        for (g, b) in [(&bad, &good), (&good, &bad)] {
+            match x.layer_norm(g, b, EPS) {
+                Err(Error::ShapeMismatch { op, expected, got }) => {
+                    assert_eq!(op, "layer_norm");
+                    assert!(expected.contains("[7]"), "{expected}");
+                    assert_eq!(got, bad.shape());
+                }
+                other => panic!("expected a ShapeMismatch, got {other:?}"),
+            }
+        }
+    }
+    assert!(matches!(
+        Tensor::zeros(d, &[])?.layer_norm(&good, &good, EPS),
+        Err(Error::ShapeMismatch {
+            op: "layer_norm",
+            ..
+        })
+    ));
+    assert!(matches!(
+        x.layer_norm(&good, &good, -1.0),
+        Err(Error::InvalidArgument {
+            op: "layer_norm",
+            ..
+        })
+    ));
+    Ok(())
+}
+
+/// A graph where x, gamma and beta each also feed another op, so each gets two contributions:
+/// loss = sum(LN(x) * w) + sum(gamma^2) + sum(beta * gamma) + 0.1 sum(x^2).
+fn shared_graph(
+    ln: &dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    w: &Tensor,
+) -> Result<Tensor> {
+    let main = ln(x, gamma, beta)?.mul(w)?.sum_all()?;
+    let extra = gamma
+        .square()?
+        .sum_all()?
+        .add(&beta.mul(gamma)?.sum_all()?)?
+        .add(&x.square()?.sum_all()?.mul_scalar(0.1)?)?;
+    main.add(&extra)
+}
+
+#[test]
+fn shared_gamma_and_repeated_backward_accumulate() -> Result<()> {
+    let d = dev();
+    let mut rng = rng("layernorm_accumulate");
+    let shape = [6, 33];
+    let (x, gamma, beta) = inputs(&mut rng, &shape);
+    let w = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(d);
+    let fused: &dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor> =
+        &|x, g, b| x.layer_norm(g, b, EPS);
+    let unfused: &dyn Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor> =
+        &|x, g, b| x.layer_norm_unfused(g, b, EPS);
+    let mut results = Vec::new();
+    for ln in [fused, unfused] {
+        let params = [&x, &gamma, &beta].map(|a| a.upload(d).requires_grad());
+        let [px, pg, pb] = &params;
+        // Twice without zero_grad: the second backward adds into every gradient buffer
+        // (the kernels' accumulate variants).
+        let mut per_pass = Vec::new();
+        for _ in 0..2 {
+            shared_graph(ln, px, pg, pb, &w)?.backward()?;
+            let g: Vec<Vec<f32>> = params
+                .iter()
+                .map(|p| p.grad().expect("reached by backward").to_vec())
+                .collect::<Result<_>>()?;
+            per_pass.push(g);
+        }
+        results.push(per_pass);
+    }
+    let (fused, unfused) = (&results[0], &results[1]);
+    for pass in 0..2 {
+        for (i, name) in ["dx", "dgamma", "dbeta"].iter().enumerate() {
+            let want: Vec<f64> = unfused[pass][i].iter().map(|&v| v as f64).collect();
+            assert_close(&fused[pass][i], &want, TOL, &format!("{name} pass {pass}"));
+            let twice: Vec<f64> = fused[0][i].iter().map(|&v| 2.0 * v as f64).collect();
+            if pass == 1 {
+                assert_close(&fused[1][i], &twice, TOL, &format!("{name} accumulated"));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn gamma_and_beta_as_rows_of_one_parameter() -> Result<()> {
+    // Their gradients land at offsets 0 and C of the parameter's gradient buffer.
+    let d = dev();
+    let mut rng = rng("layernorm_views");
+    let (rows, cols) = (5, 19);
+    let (x, gamma, beta) = inputs(&mut rng, &[rows, cols]);
+    let mut both = gamma.data.clone();
+    both.extend(&beta.data);
+    let both = Arr::new(&[2, cols], both);
+    let w = Arr::rand(&mut rng, &[rows, cols], -1.0, 1.0).upload(d);
+    let mut grads = Vec::new();
+    for fused in [true, false] {
+        let p = both.upload(d).requires_grad();
+        let g = p.narrow(0, 0, 1)?.squeeze(0)?;
+        let b = p.narrow(0, 1, 1)?.squeeze(0)?;
+        let xt = x.upload(d);
+        let y = if fused {
+            xt.layer_norm(&g, &b, EPS)?
+        } else {
+            xt.layer_norm_unfused(&g, &b, EPS)?
+        };
+        y.mul(&w)?.sum_all()?.backward()?;
+        grads.push(p.grad().expect("reached by backward").to_vec()?);
+    }
+    let want: Vec<f64> = grads[1].iter().map(|&v| v as f64).collect();
+    assert_close(&grads[0], &want, TOL, "d(gamma, beta)");
+    Ok(())
+}
+
+#[test]
+fn dispatch_counts() -> Result<()> {
+    let d = private_dev();
+    let mut rng = rng("layernorm_dispatches");
+    let shape = [33, 768];
+    let (x, gamma, beta) = inputs(&mut rng, &shape);
+    let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(&d);
+    let mut counts = Vec::new();
+    for fused in [true, false] {
+        let [px, pg, pb] = [&x, &gamma, &beta].map(|a| a.upload(&d).requires_grad());
+        let c0 = d.counters();
+        let y = if fused {
+            px.layer_norm(&pg, &pb, EPS)?
+        } else {
+            px.layer_norm_unfused(&pg, &pb, EPS)?
+        };
+        let c1 = d.counters();
+        y.backward_with(&seed)?;
+        let c2 = d.counters();
+        counts.push(((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches));
+    }
+    println!(
+        "layer_norm dispatches (forward, backward): fused {:?}, unfused {:?}",
+        counts[0], counts[1]
+    );
+    // Forward: one kernel. Backward: dx, stage 1, stage 2 for dgamma and for dbeta.
+    assert_eq!(counts[0], (1, 4));
+    Ok(())
+}
+
+#[test]
+fn zero_rows_give_zero_gamma_and_beta_gradients() -> Result<()> {
+    let d = dev();
+    let x = Tensor::zeros(d, &[0, 7])?.requires_grad();
+    let gamma = Tensor::ones(d, &[7])?.requires_grad();
+    let beta = Tensor::zeros(d, &[7])?.requires_grad();
+    poison(d, 7);
+    let y = x.layer_norm(&gamma, &beta, EPS)?;
+    assert_eq!(y.shape(), &[0, 7]);
+    y.sum_all()?.backward()?;
+    for p in [&gamma, &beta] {
+        let g = p.grad().expect("reached by backward").to_vec()?;
+        assert_eq!(g, vec![0.0; 7]);
+    }
+    Ok(())
+}

@@ -1,0 +1,112 @@
+// Cross-entropy of contiguous (rows, V) logits against u32 targets (rows): per-row loss
+// forward, dlogits backward. The host has checked every target that is not ignore_index
+// against V, and turns the per-row losses into the mean over the non-ignored rows.
+//
+// cross_entropy_forward: one workgroup of 256 lanes per row (linear workgroup id = row). One
+//   pass over the row: each lane keeps a running max m and a sum s of exp(x - m), rescaled
+//   when m grows (online softmax); the workgroup then takes M = max m and
+//   S = sum s * exp(m - M), so
+//     lse[r] = M + log(S),  loss[r] = lse[r] - x[r, target[r]]   (0 where target = ignore)
+//   all in f32; lse is saved for backward.
+// cross_entropy_backward: one workgroup per row, one pass, no reduction:
+//     dlogits[r, j] = g * inv_n * (exp(x[r, j] - lse[r]) - (j == target[r]))   (0 if ignored)
+//   with g the upstream gradient of the mean loss (one f32 read from its buffer: no host
+//   read-back) and inv_n = 1 / (non-ignored rows).
+//
+// Memory: logits (rows, V) from x_offset; targets (rows) from target_offset; loss and lse
+// (rows); dlogits (rows, V) from out_offset; g at g_offset.
+// Bindings: each entry point has its own signature (listed in src/kernels/cross_entropy.rs);
+// WGSL lets different entry points reuse a binding number, and a variable read by both
+// kernels keeps one slot.
+// Specialization: ACC (backward adds into dlogits: gradient accumulation).
+
+struct Params {
+    rows: u32,
+    cols: u32,          // V
+    x_offset: u32,
+    target_offset: u32,
+    ignore_index: u32,  // 0xffffffff when none: no valid target reaches it (targets < V)
+    out_offset: u32,
+    g_offset: u32,
+    inv_n: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+// Shared by both kernels.
+@group(0) @binding(3) var<storage, read> logits: array<f32>;  // (rows, V)
+@group(0) @binding(4) var<storage, read> targets: array<u32>; // (rows)
+
+// cross_entropy_forward: loss, lse, logits, targets.
+@group(0) @binding(1) var<storage, read_write> loss: array<f32>;    // (rows)
+@group(0) @binding(2) var<storage, read_write> lse_out: array<f32>; // (rows)
+
+// cross_entropy_backward: dlogits, lse, logits, targets, g.
+@group(0) @binding(1) var<storage, read_write> dlogits: array<f32>; // (rows, V)
+@group(0) @binding(2) var<storage, read> lse: array<f32>;           // (rows)
+@group(0) @binding(5) var<storage, read> g: array<f32>;             // [] at g_offset
+
+// The most negative f32: the running max before any logit (exp(-FLT_MAX - M) is 0, where
+// -inf could make inf - inf).
+const LOWEST: f32 = -3.4028234663852886e38;
+
+@compute @workgroup_size(RED_WG)
+fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    let row = wid.y * nwg.x + wid.x;
+    // row is the same for the whole workgroup, so this exit skips no lane's barrier.
+    if (row >= p.rows) { return; }
+    let base = p.x_offset + row * p.cols;
+
+    var m = LOWEST;
+    var s = 0.0;
+    for (var j = lanes.lid; j < p.cols; j += RED_WG) {
+        let v = logits[base + j];
+        if (v > m) {
+            s = s * exp(m - v) + 1.0;
+            m = v;
+        } else {
+            s += exp(v - m);
+        }
+    }
+    let row_max = wg_max(m, lanes);
+    let sum = wg_sum(s * exp(m - row_max), lanes);
+
+    if (lanes.lid == 0u) {
+        let l = row_max + log(sum);
+        lse_out[row] = l;
+        let t = targets[p.target_offset + row];
+        if (t == p.ignore_index) {
+            loss[row] = 0.0;
+        } else {
+            loss[row] = l - logits[base + t];
+        }
+    }
+}
+
+@compute @workgroup_size(RED_WG)
+fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let row = wid.y * nwg.x + wid.x;
+    if (row >= p.rows) { return; }
+    let base = p.x_offset + row * p.cols;
+    let out_base = p.out_offset + row * p.cols;
+    let t = targets[p.target_offset + row];
+    let ignored = t == p.ignore_index;
+    let scale = g[p.g_offset] * p.inv_n;
+    let l = lse[row];
+    for (var j = lid; j < p.cols; j += RED_WG) {
+        var d = 0.0;
+        if (!ignored) {
+            let onehot = select(0.0, 1.0, j == t);
+            d = scale * (exp(logits[base + j] - l) - onehot);
+        }
+        let o = out_base + j;
+        if (ACC) {
+            dlogits[o] = dlogits[o] + d;
+        } else {
+            dlogits[o] = d;
+        }
+    }
+}
