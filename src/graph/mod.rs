@@ -5,6 +5,7 @@ mod layout;
 mod runtime;
 mod segment;
 mod tensor;
+mod timing;
 
 pub use layout::{
     broadcast_shape, coalesce_joint, contiguous_strides, resolve_dim, Layout, MAX_RANK,
@@ -12,3 +13,4 @@ pub use layout::{
 pub use runtime::{Device, Storage, DEFAULT_FLUSH_BOUND};
 pub use segment::{Counters, Phase};
 pub use tensor::{Attachment, DType, Tensor};
+pub use timing::{GpuInterval, TimingMode};

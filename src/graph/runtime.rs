@@ -8,6 +8,7 @@ use bytemuck::Pod;
 use super::segment::{
     encode, BindGroupCache, BufferRef, Command, Counters, Dispatch, EncodeTargets, Phase, Segment,
 };
+use super::timing::{self, GpuInterval, GpuTimer, TimingMode};
 use crate::device::{AdapterReport, DeviceOptions, Gpu};
 use crate::error::{Error, Result};
 use crate::kernels::{grid, KernelDesc, PipelineCache, PipelineStats, Spec};
@@ -41,6 +42,7 @@ struct State {
     flush_bound: usize,
     params_align: usize,
     phase: Phase,
+    timer: Option<GpuTimer>,
 }
 
 /// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
@@ -111,6 +113,7 @@ impl Device {
             flush_bound: DEFAULT_FLUSH_BOUND,
             params_align: gpu.limits.min_uniform_buffer_offset_alignment as usize,
             phase: Phase::Forward,
+            timer: None,
         };
         Ok(Device {
             rt: Arc::new(Runtime {
@@ -174,6 +177,39 @@ impl Device {
     /// Sets what the following dispatches are counted as; returns the previous phase.
     pub fn set_phase(&self, phase: Phase) -> Phase {
         std::mem::replace(&mut self.state().phase, phase)
+    }
+
+    /// Turns GPU timestamps on or off (flushing first); returns the mode now in force, None
+    /// when off or when the adapter has no timestamps.
+    pub fn set_gpu_timing(&self, on: bool) -> Option<TimingMode> {
+        self.flush();
+        let gpu = &self.rt.gpu;
+        let mode = if !on {
+            None
+        } else if gpu.has(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES) {
+            Some(TimingMode::PerDispatch)
+        } else if gpu.has(wgpu::Features::TIMESTAMP_QUERY) {
+            Some(TimingMode::PerPass)
+        } else {
+            None
+        };
+        let mut s = self.state();
+        s.timer = mode.map(|m| GpuTimer::new(&gpu.device, &gpu.queue, m));
+        if mode.is_some() {
+            // Two queries per dispatch must fit one query set per flush.
+            s.flush_bound = s.flush_bound.min(timing::MAX_QUERIES as usize / 2);
+        }
+        mode
+    }
+
+    /// Flushes, waits for the GPU, and returns every interval timed since the last call.
+    pub fn take_gpu_intervals(&self) -> Result<Vec<GpuInterval>> {
+        self.sync()?;
+        let mut s = self.state();
+        match s.timer.as_mut() {
+            Some(t) => t.collect(&self.rt.gpu.device).map_err(Error::ReadBack),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// Flushes past this many recorded dispatches.
@@ -251,6 +287,7 @@ impl Device {
                 bind_groups: &mut st.bind_groups,
                 counters: &mut st.counters,
                 max_binding: gpu.limits.max_storage_buffer_binding_size,
+                timer: st.timer.as_mut(),
             },
         );
         let idx = gpu.queue.submit([cmd]);

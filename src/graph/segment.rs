@@ -160,10 +160,12 @@ pub struct EncodeTargets<'a> {
     /// The adapter's max_storage_buffer_binding_size: a pooled buffer may be larger than the
     /// tensor (its size class), so bindings are capped to it.
     pub max_binding: u64,
+    /// GPU timestamps, when profiling.
+    pub timer: Option<&'a mut super::timing::GpuTimer>,
 }
 
 /// Encodes every command of `segment` in order into one command buffer.
-pub fn encode(segment: &Segment, t: EncodeTargets<'_>) -> wgpu::CommandBuffer {
+pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffer {
     let mut encoder = t
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -174,9 +176,10 @@ pub fn encode(segment: &Segment, t: EncodeTargets<'_>) -> wgpu::CommandBuffer {
     while i < cmds.len() {
         match &cmds[i] {
             Command::Dispatch(_) => {
+                let timestamp_writes = t.timer.as_mut().and_then(|timer| timer.pass_writes());
                 let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                     label: Some("wgrad:pass"),
-                    timestamp_writes: None,
+                    timestamp_writes,
                 });
                 t.counters.compute_passes += 1;
                 let mut last_pipeline: *const Pipeline = std::ptr::null();
@@ -196,7 +199,13 @@ pub fn encode(segment: &Segment, t: EncodeTargets<'_>) -> wgpu::CommandBuffer {
                         last_pipeline = Arc::as_ptr(&d.pipeline);
                     }
                     pass.set_bind_group(0, bg, &[d.params_offset]);
-                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                    let [x, y, z] = d.groups;
+                    match t.timer.as_mut() {
+                        Some(timer) => timer.around_dispatch(&mut pass, d.pipeline.label, |p| {
+                            p.dispatch_workgroups(x, y, z)
+                        }),
+                        None => pass.dispatch_workgroups(x, y, z),
+                    }
                     i += 1;
                 }
             }
@@ -223,6 +232,9 @@ pub fn encode(segment: &Segment, t: EncodeTargets<'_>) -> wgpu::CommandBuffer {
                 i += 1;
             }
         }
+    }
+    if let Some(timer) = t.timer.as_mut() {
+        timer.finish_flush(t.device, &mut encoder);
     }
     encoder.finish()
 }
