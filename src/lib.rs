@@ -13,6 +13,7 @@ pub mod memory;
 pub mod nn;
 pub mod ops;
 pub mod optim;
+pub mod profile;
 
 pub use autograd::no_grad;
 pub use device::DeviceOptions;

@@ -1,0 +1,96 @@
+//! Step-time profiling: GPU time per kernel from timestamps, CPU time per phase from tracing
+//! spans, per-step counters, wall times, and a Chrome trace. It observes; it changes nothing
+//! that runs (timestamps are written only while a Profiler is alive).
+
+mod report;
+mod spans;
+mod trace;
+
+pub use report::{KernelRow, PhaseRow, ProfileReport, StepStats};
+pub use spans::{CpuSpan, SpanCollector};
+pub use trace::chrome_trace;
+
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::graph::{Device, GpuInterval, TimingMode};
+use crate::memory::PoolStats;
+use crate::Counters;
+
+/// What one profiled step measured.
+#[derive(Clone, Debug)]
+pub struct StepRecord {
+    pub wall_ms: f64,
+    pub counters: Counters,
+    pub pool_before: PoolStats,
+    pub pool_after: PoolStats,
+    pub pipelines_compiled: u64,
+    pub gpu: Vec<GpuInterval>,
+    pub cpu: Vec<CpuSpan>,
+    /// When the step started, on the span collector's clock (us).
+    pub start_us: f64,
+}
+
+/// Runs steps under measurement. Create it after the model is built; drop it to stop timing.
+pub struct Profiler {
+    device: Device,
+    collector: SpanCollector,
+    _guard: tracing::dispatcher::DefaultGuard,
+    pub mode: Option<TimingMode>,
+    pub steps: Vec<StepRecord>,
+}
+
+impl Profiler {
+    pub fn new(device: &Device) -> Profiler {
+        let collector = SpanCollector::default();
+        let guard = tracing::dispatcher::set_default(&tracing::Dispatch::new(collector.clone()));
+        let mode = device.set_gpu_timing(true);
+        Profiler {
+            device: device.clone(),
+            collector,
+            _guard: guard,
+            mode,
+            steps: Vec::new(),
+        }
+    }
+
+    /// Runs one step (`f` records and finishes it, e.g. reads the loss), synchronized, and
+    /// keeps its measurements.
+    pub fn step<T>(&mut self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let dev = &self.device;
+        dev.sync()?;
+        let _ = dev.take_gpu_intervals()?;
+        let _ = self.collector.take();
+        let c0 = dev.counters();
+        let pool_before = dev.pool_stats();
+        let pipes0 = dev.pipeline_stats().pipelines_compiled;
+        let start_us = self.collector.now_us();
+        let t = Instant::now();
+        let out = f()?;
+        dev.sync()?;
+        let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+        self.steps.push(StepRecord {
+            wall_ms,
+            counters: dev.counters() - c0,
+            pool_before,
+            pool_after: dev.pool_stats(),
+            pipelines_compiled: dev.pipeline_stats().pipelines_compiled - pipes0,
+            gpu: dev.take_gpu_intervals()?,
+            cpu: self.collector.take(),
+            start_us,
+        });
+        Ok(out)
+    }
+
+    /// The report over the recorded steps; the first `warmup` are left out of the steady-state
+    /// figures (step 0 is reported on its own).
+    pub fn report(&self, warmup: usize) -> ProfileReport {
+        report::build(&self.steps, warmup, self.mode)
+    }
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        self.device.set_gpu_timing(false);
+    }
+}

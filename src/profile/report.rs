@@ -1,0 +1,272 @@
+//! Aggregating profiled steps into the tables `wgrad profile` prints and the JSON it writes.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::StepRecord;
+use crate::graph::TimingMode;
+
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct StepStats {
+    pub min: f64,
+    pub median: f64,
+    pub max: f64,
+}
+
+/// GPU time of one kernel name, per steady-state step.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelRow {
+    pub name: String,
+    /// Dispatches per step.
+    pub count: f64,
+    /// GPU milliseconds per step.
+    pub total_ms: f64,
+    /// Microseconds per dispatch.
+    pub avg_us: f64,
+    /// Share of the step's summed kernel time.
+    pub share: f64,
+}
+
+/// CPU milliseconds per step in one phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseRow {
+    pub phase: String,
+    pub ms: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProfileReport {
+    pub steps: usize,
+    pub warmup: usize,
+    pub step_ms: StepStats,
+    pub step0_ms: f64,
+    pub step0_pipelines_compiled: u64,
+    pub submits_per_step: f64,
+    pub dispatches_per_step: f64,
+    pub forward_dispatches_per_step: f64,
+    pub backward_dispatches_per_step: f64,
+    pub optimizer_dispatches_per_step: f64,
+    pub buffers_created_per_step: f64,
+    pub pool_hit_rate: f64,
+    pub bytes_live: u64,
+    pub peak_bytes_live: u64,
+    pub pipelines_compiled_per_step: f64,
+    pub bind_groups_created_per_step: f64,
+    pub bytes_uploaded_per_step: f64,
+    /// Summed kernel time per step (per-pass time where kernels cannot be timed one by one).
+    pub gpu_busy_ms: f64,
+    /// gpu_busy_ms / median step time.
+    pub gpu_busy_share: f64,
+    pub timing: Option<TimingMode>,
+    pub kernels: Vec<KernelRow>,
+    pub phases: Vec<PhaseRow>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub(super) fn build(
+    steps: &[StepRecord],
+    warmup: usize,
+    timing: Option<TimingMode>,
+) -> ProfileReport {
+    let steady: Vec<&StepRecord> = steps.iter().skip(warmup.max(1)).collect();
+    let n = steady.len().max(1) as f64;
+    let per = |f: &dyn Fn(&StepRecord) -> f64| steady.iter().map(|s| f(s)).sum::<f64>() / n;
+    let walls: Vec<f64> = steady.iter().map(|s| s.wall_ms).collect();
+    let step_ms = StepStats {
+        min: if walls.is_empty() {
+            0.0
+        } else {
+            walls.iter().copied().fold(f64::INFINITY, f64::min)
+        },
+        median: median(walls.clone()),
+        max: walls.iter().copied().fold(0.0, f64::max),
+    };
+
+    let mut kernels: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for s in &steady {
+        for i in &s.gpu {
+            let e = kernels.entry(i.label).or_default();
+            e.0 += 1.0;
+            e.1 += (i.end_ns - i.start_ns) * 1e-6;
+        }
+    }
+    let busy: f64 = kernels.values().map(|(_, ms)| ms).sum::<f64>() / n;
+    let mut rows: Vec<KernelRow> = kernels
+        .into_iter()
+        .map(|(name, (count, ms))| KernelRow {
+            name: name.to_string(),
+            count: count / n,
+            total_ms: ms / n,
+            avg_us: if count > 0.0 { ms * 1e3 / count } else { 0.0 },
+            share: if busy > 0.0 { ms / n / busy } else { 0.0 },
+        })
+        .collect();
+    rows.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+
+    let mut phases: BTreeMap<&str, f64> = BTreeMap::new();
+    for s in &steady {
+        for span in &s.cpu {
+            *phases.entry(span.name).or_default() += (span.end_us - span.start_us) * 1e-3;
+        }
+    }
+    let mut phases: Vec<PhaseRow> = phases
+        .into_iter()
+        .map(|(phase, ms)| PhaseRow {
+            phase: phase.to_string(),
+            ms: ms / n,
+        })
+        .collect();
+    phases.push(PhaseRow {
+        phase: "encode+submit".into(),
+        ms: per(&|s| s.counters.encode_submit_ns as f64 * 1e-6),
+    });
+    phases.push(PhaseRow {
+        phase: "waiting on the GPU".into(),
+        ms: per(&|s| s.counters.wait_ns as f64 * 1e-6),
+    });
+
+    let (first, last) = (steps.first(), steady.last().copied().or(steps.last()));
+    let created = per(&|s| (s.pool_after.buffers_created - s.pool_before.buffers_created) as f64);
+    let requests = per(&|s| (s.pool_after.requests - s.pool_before.requests) as f64);
+    let reuses = per(&|s| (s.pool_after.reuses - s.pool_before.reuses) as f64);
+    ProfileReport {
+        steps: steps.len(),
+        warmup,
+        step_ms,
+        step0_ms: first.map(|s| s.wall_ms).unwrap_or(0.0),
+        step0_pipelines_compiled: first.map(|s| s.pipelines_compiled).unwrap_or(0),
+        submits_per_step: per(&|s| s.counters.submits as f64),
+        dispatches_per_step: per(&|s| s.counters.dispatches as f64),
+        forward_dispatches_per_step: per(&|s| s.counters.forward_dispatches as f64),
+        backward_dispatches_per_step: per(&|s| s.counters.backward_dispatches as f64),
+        optimizer_dispatches_per_step: per(&|s| s.counters.optimizer_dispatches as f64),
+        buffers_created_per_step: created,
+        pool_hit_rate: if requests > 0.0 {
+            reuses / requests
+        } else {
+            1.0
+        },
+        bytes_live: last.map(|s| s.pool_after.bytes_live).unwrap_or(0),
+        peak_bytes_live: steps
+            .iter()
+            .map(|s| s.pool_after.peak_bytes_live)
+            .max()
+            .unwrap_or(0),
+        pipelines_compiled_per_step: per(&|s| s.pipelines_compiled as f64),
+        bind_groups_created_per_step: per(&|s| s.counters.bind_groups_created as f64),
+        bytes_uploaded_per_step: per(&|s| s.counters.bytes_uploaded as f64),
+        gpu_busy_ms: busy,
+        gpu_busy_share: if step_ms.median > 0.0 {
+            busy / step_ms.median
+        } else {
+            0.0
+        },
+        timing,
+        kernels: rows,
+        phases,
+    }
+}
+
+impl ProfileReport {
+    /// The tables `wgrad profile` prints.
+    pub fn to_text(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "wall time per step: min {:.2} ms, median {:.2} ms, max {:.2} ms over {} steady steps; step 0 (cold) {:.1} ms, {} pipelines compiled",
+            self.step_ms.min,
+            self.step_ms.median,
+            self.step_ms.max,
+            self.steps.saturating_sub(self.warmup.max(1)),
+            self.step0_ms,
+            self.step0_pipelines_compiled
+        );
+        let _ = writeln!(
+            s,
+            "GPU busy {:.2} ms per step = {:.0}% of the median wall time",
+            self.gpu_busy_ms,
+            self.gpu_busy_share * 100.0
+        );
+        match self.timing {
+            Some(TimingMode::PerDispatch) => {}
+            Some(TimingMode::PerPass) => s.push_str(
+                "note: this adapter cannot time inside compute passes; GPU time is per pass\n",
+            ),
+            None => s.push_str("note: this adapter has no timestamp queries; no GPU times\n"),
+        }
+        let _ = writeln!(
+            s,
+            "\n{:<26} {:>8} {:>10} {:>10} {:>7}",
+            "GPU kernel", "count", "total ms", "avg us", "share"
+        );
+        for k in &self.kernels {
+            let _ = writeln!(
+                s,
+                "{:<26} {:>8.1} {:>10.3} {:>10.1} {:>6.1}%",
+                k.name,
+                k.count,
+                k.total_ms,
+                k.avg_us,
+                k.share * 100.0
+            );
+        }
+        let _ = writeln!(s, "\n{:<26} {:>10}", "CPU phase", "ms/step");
+        for p in &self.phases {
+            let _ = writeln!(s, "{:<26} {:>10.3}", p.phase, p.ms);
+        }
+        let _ = writeln!(s, "\nper step:");
+        let rows: [(&str, String); 11] = [
+            (
+                "dispatches",
+                format!(
+                    "{:.0} (forward {:.0}, backward {:.0}, optimizer {:.0})",
+                    self.dispatches_per_step,
+                    self.forward_dispatches_per_step,
+                    self.backward_dispatches_per_step,
+                    self.optimizer_dispatches_per_step
+                ),
+            ),
+            (
+                "queue.submit calls",
+                format!("{:.1}", self.submits_per_step),
+            ),
+            (
+                "buffers created",
+                format!("{:.1}", self.buffers_created_per_step),
+            ),
+            (
+                "pool hit rate",
+                format!("{:.1}%", self.pool_hit_rate * 100.0),
+            ),
+            ("bytes live", self.bytes_live.to_string()),
+            ("peak bytes live", self.peak_bytes_live.to_string()),
+            (
+                "pipelines compiled",
+                format!("{:.1}", self.pipelines_compiled_per_step),
+            ),
+            (
+                "bind groups created",
+                format!("{:.1}", self.bind_groups_created_per_step),
+            ),
+            (
+                "bytes uploaded",
+                format!("{:.0}", self.bytes_uploaded_per_step),
+            ),
+            ("GPU busy ms", format!("{:.3}", self.gpu_busy_ms)),
+            ("median wall ms", format!("{:.3}", self.step_ms.median)),
+        ];
+        for (k, v) in rows {
+            let _ = writeln!(s, "  {k:<22} {v}");
+        }
+        s
+    }
+}
