@@ -11,6 +11,7 @@
 //! module that naga validates and translates on its own. Pipelines are cached by
 //! (kernel, specialization) and can all be compiled ahead with `PipelineCache::warmup`.
 
+pub mod attention;
 pub mod elementwise;
 pub mod gather;
 pub mod matmul;
@@ -302,6 +303,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(gather::variants());
     v.extend(scatter::variants());
     v.extend(random::variants());
+    v.extend(attention::variants());
     v
 }
 
