@@ -10,8 +10,10 @@
 mod common;
 
 use common::*;
+use naga::valid::{Capabilities, ValidationFlags, Validator};
 use wgrad::autograd::gradcheck::{self, Input};
-use wgrad::kernels::attention::{head_dim_bucket, tile, Pass, HEAD_DIMS};
+use wgrad::kernels::attention::{head_dim_bucket, spec, tile, Pass, HEAD_DIMS};
+use wgrad::kernels::{compose_source, KernelDesc, Spec};
 use wgrad::{Error, Result, Tensor};
 
 /// softmax(q k^T / sqrt(D), keys j <= query i) v in f64, row by row.
@@ -352,31 +354,123 @@ fn bad_shapes_are_errors_naming_the_op() {
 #[test]
 fn dispatch_counts_of_fused_and_unfused() -> Result<()> {
     let d = private_dev();
-    let shape = [2, 3, 65, 64];
-    let [q, k, v] = qkv("counts", &shape);
-    let seed = Arr::rand(&mut rng("counts_seed"), &shape, -1.0, 1.0).upload(&d);
-    let leaves = [&q, &k, &v].map(|a| a.upload(&d).requires_grad());
-    let count = |f: &dyn Fn(&[Tensor]) -> Result<Tensor>| -> Result<(u64, u64)> {
+    let [b, h, t, hd] = [2, 3, 65, 64];
+    let shape = [b, h, t, hd];
+    let mut r = rng("counts");
+    let seed = Arr::rand(&mut r, &shape, -1.0, 1.0).upload(&d);
+    let leaves = [0, 1, 2].map(|_| {
+        Arr::rand(&mut r, &shape, -2.0, 2.0)
+            .upload(&d)
+            .requires_grad()
+    });
+    // A fused (B, T, 3C) projection output split into head views, as in a GPT-2 block.
+    let qkv = Arr::rand(&mut r, &[b, t, 3 * h * hd], -2.0, 2.0)
+        .upload(&d)
+        .requires_grad();
+    let views = |x: &Tensor| -> Result<Vec<Tensor>> {
+        let split = x.reshape(&[b, t, 3, h, hd])?;
+        (0..3)
+            .map(|i| split.narrow(2, i, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3]))
+            .collect()
+    };
+    let count = |ins: &[Tensor], fused: bool| -> Result<(u64, u64)> {
         d.sync()?;
         let c0 = d.counters();
-        let o = f(&leaves)?;
+        let o = if fused {
+            ins[0].causal_attention(&ins[1], &ins[2])?
+        } else {
+            ins[0].causal_attention_reference(&ins[1], &ins[2])?
+        };
         o.backward_with(&seed)?;
         d.sync()?;
         let c = d.counters() - c0;
         Ok((c.forward_dispatches, c.backward_dispatches))
     };
-    let fused = |p: &[Tensor]| p[0].causal_attention(&p[1], &p[2]);
-    let unfused = |p: &[Tensor]| p[0].causal_attention_reference(&p[1], &p[2]);
-    let first = count(&fused)?;
-    let steady = count(&fused)?; // gradients accumulate into the leaves' buffers
-    let reference = count(&unfused)?;
+    let first = count(&leaves, true)?;
+    let steady = count(&leaves, true)?; // gradients accumulate into the leaves' buffers
+    let reference = count(&leaves, false)?;
+    let views_first = count(&views(&qkv)?, true)?;
+    let views_steady = count(&views(&qkv)?, true)?;
     eprintln!(
-        "dispatches (forward, backward) at {shape:?}: fused first {first:?}, fused after {steady:?}, \
-         unfused {reference:?}"
+        "dispatches (forward, backward) at {shape:?}: fused first {first:?}, fused after \
+         {steady:?}, unfused {reference:?}; fused over qkv views first {views_first:?}, after \
+         {views_steady:?}"
     );
     assert_eq!(first, (1, 2), "fused, new gradients");
     assert_eq!(steady, (1, 2), "fused, accumulated gradients");
+    // No copies of the views; the first backward zero-fills the whole qkv gradient (the
+    // engine does that for a gradient reached through views that do not cover it).
+    assert_eq!(views_first, (1, 3), "fused over qkv views, new gradient");
+    assert_eq!(
+        views_steady,
+        (1, 2),
+        "fused over qkv views, accumulated gradient"
+    );
     Ok(())
+}
+
+#[test]
+fn forward_keeps_o_and_lse_not_the_probabilities() -> Result<()> {
+    let d = private_dev();
+    let [b, h, t, hd] = [1, 12, 128, 64];
+    let [q, k, v] = qkv("saved", &[b, h, t, hd]);
+    let leaves = [&q, &k, &v].map(|a| a.upload(&d).requires_grad());
+    // Bytes that stay live from the forward until backward (the graph holds them).
+    let held = |f: &dyn Fn(&[Tensor]) -> Result<Tensor>| -> Result<u64> {
+        d.sync()?;
+        let before = d.pool_stats().bytes_live;
+        let o = f(&leaves)?;
+        d.sync()?;
+        let after = d.pool_stats().bytes_live;
+        drop(o);
+        Ok(after - before)
+    };
+    let fused = held(&|p| p[0].causal_attention(&p[1], &p[2]))?;
+    let unfused = held(&|p| p[0].causal_attention_reference(&p[1], &p[2]))?;
+    let f32s = |n: usize| 4 * n as u64;
+    let (o_bytes, lse_bytes) = (f32s(b * h * t * hd), f32s(b * h * t));
+    let probs = f32s(b * h * t * t);
+    eprintln!(
+        "bytes held from forward to backward at {:?}: fused {fused} (O {o_bytes} + lse \
+         {lse_bytes}), unfused {unfused} (one T x T tensor per head: {probs})",
+        [b, h, t, hd]
+    );
+    assert_eq!(
+        fused,
+        o_bytes + lse_bytes,
+        "fused keeps O and lse (q, k, v are the inputs)"
+    );
+    assert!(
+        unfused >= o_bytes + probs,
+        "unfused keeps at least O and P: {unfused}"
+    );
+    Ok(())
+}
+
+/// Bytes of the `var<workgroup>` arrays in a kernel variant's module, as naga lays them out:
+/// (all declared, those its entry point uses).
+fn workgroup_bytes_in_wgsl(kernel: &KernelDesc, spec: &Spec) -> (u32, u32) {
+    let src = compose_source(kernel.family, spec, false);
+    let module = naga::front::wgsl::parse_str(&src).expect("parses (see tests/portability.rs)");
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .expect("validates");
+    let ep = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == kernel.name)
+        .expect("the entry point is in its family");
+    let (mut declared, mut used) = (0, 0);
+    for (handle, var) in module.global_variables.iter() {
+        if var.space == naga::AddressSpace::WorkGroup {
+            let size = module.types[var.ty].inner.size(module.to_ctx());
+            declared += size;
+            if !info.get_entry_point(ep)[handle].is_empty() {
+                used += size;
+            }
+        }
+    }
+    (declared, used)
 }
 
 #[test]
@@ -385,7 +479,14 @@ fn tiles_fit_32_kib_of_workgroup_memory() {
         for dmax in HEAD_DIMS {
             let t = tile(pass, dmax);
             let bytes = t.workgroup_bytes(pass);
-            assert!(bytes <= 32 << 10, "{pass:?} {t:?}: {bytes} bytes");
+            let (declared, used) =
+                workgroup_bytes_in_wgsl(pass.kernel(), &spec(pass, t, false, false));
+            assert_eq!(
+                bytes, declared,
+                "{pass:?} {t:?}: Tile::workgroup_bytes vs the WGSL"
+            );
+            assert!(used <= declared);
+            assert!(declared <= 32 << 10, "{pass:?} {t:?}: {declared} bytes");
             assert_eq!(t.lanes(), 128, "{pass:?} {t:?}");
             // Register blocks: [query][key] (BR x BC) and [query][d] or, for dK and dV,
             // [key][d] (BC x DMAX) tiles split evenly over the lane grid.
@@ -399,7 +500,7 @@ fn tiles_fit_32_kib_of_workgroup_memory() {
             if pass == Pass::Dkv {
                 assert_eq!(t.bc % t.rowl, 0, "{pass:?} {t:?}: key rows per lane");
             }
-            eprintln!("{pass:?} DMAX={dmax}: {t:?}, {bytes} bytes of workgroup memory");
+            eprintln!("{pass:?} DMAX={dmax}: {t:?}, {declared} bytes of workgroup memory");
         }
     }
     assert_eq!(head_dim_bucket(1), Some(32));
