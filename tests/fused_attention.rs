@@ -352,6 +352,22 @@ fn bad_shapes_are_errors_naming_the_op() {
 }
 
 #[test]
+fn an_empty_sequence_gives_empty_output_and_gradients() -> Result<()> {
+    let d = dev();
+    let shape = [2, 3, 0, 8];
+    let leaves = [0, 1, 2].map(|_| Tensor::from_slice(d, &[], &shape).map(|t| t.requires_grad()));
+    let [q, k, v] = leaves;
+    let (q, k, v) = (q?, k?, v?);
+    let o = q.causal_attention(&k, &v)?;
+    assert_eq!(o.shape(), &shape);
+    o.sum_all()?.backward()?;
+    for x in [&q, &k, &v] {
+        assert_eq!(x.grad().expect("reached by backward").shape(), &shape);
+    }
+    Ok(())
+}
+
+#[test]
 fn dispatch_counts_of_fused_and_unfused() -> Result<()> {
     let d = private_dev();
     let [b, h, t, hd] = [2, 3, 65, 64];
