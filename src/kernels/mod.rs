@@ -12,6 +12,7 @@
 //! (kernel, specialization) and can all be compiled ahead with `PipelineCache::warmup`.
 
 pub mod adamw;
+pub mod attention;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod gather;
@@ -308,6 +309,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(random::variants());
     v.extend(layernorm::variants());
     v.extend(cross_entropy::variants());
+    v.extend(attention::variants());
     v
 }
 

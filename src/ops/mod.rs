@@ -1,6 +1,7 @@
 //! The public tensor ops. Each file records its op's forward dispatches and its backward rule
 //! in one place; kernels live in `crate::kernels`.
 
+mod attention;
 mod create;
 mod cross_entropy;
 mod elementwise;

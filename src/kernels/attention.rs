@@ -1,0 +1,215 @@
+//! Launcher of `wgsl/attention.wgsl`: fused causal attention. Forward writes O and
+//! lse = m + log(l); backward is two kernels, dQ (which also writes D = rowsum(dO * O)) and
+//! then dK with dV. None of them writes the T x T scores.
+//!
+//! Tiles are chosen per pass and padded head dim (`Tile`, `tile`): 128 lanes each, at most
+//! 32 KiB of workgroup memory (lavapipe's and Apple's limit; NVIDIA has 48 KiB).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{Access, Family, KernelDesc, Spec};
+
+pub static FAMILY: Family = Family {
+    name: "attention",
+    source: include_str!("../../wgsl/attention.wgsl"),
+    workgroup_reduce: false,
+};
+
+/// Mirrors `Params` in attention.wgsl. Each view is (offset, b stride, h stride, t stride) of
+/// a (B, H, T, D) tensor with unit stride along D; the fields a kernel does not read stay 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct AttentionParams {
+    pub heads: u32,
+    pub t: u32,
+    pub d: u32,
+    pub _pad0: u32,
+    pub scale: f32,
+    pub _pad1: u32,
+    pub _pad2: u32,
+    pub _pad3: u32,
+    pub q: [u32; 4],
+    pub k: [u32; 4],
+    pub v: [u32; 4],
+    pub o: [u32; 4],
+    pub dout: [u32; 4],
+    pub dq: [u32; 4],
+    pub dk: [u32; 4],
+    pub dv: [u32; 4],
+}
+
+const PARAMS: u64 = std::mem::size_of::<AttentionParams>() as u64;
+
+/// O (B, H, T, D), lse (B, H, T) <- q, k, v.
+pub static ATTN_FWD: KernelDesc = KernelDesc {
+    name: "attn_fwd",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite, // O
+        Access::ReadWrite, // lse
+        Access::Read,      // q
+        Access::Read,      // k
+        Access::Read,      // v
+    ],
+    params_size: PARAMS,
+};
+
+/// dQ (B, H, T, D), D (B, H, T) <- q, k, v, dO, lse, O.
+pub static ATTN_BWD_DQ: KernelDesc = KernelDesc {
+    name: "attn_bwd_dq",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite, // dQ
+        Access::ReadWrite, // D
+        Access::Read,      // q
+        Access::Read,      // k
+        Access::Read,      // v
+        Access::Read,      // dO
+        Access::Read,      // lse
+        Access::Read,      // O
+    ],
+    params_size: PARAMS,
+};
+
+/// dK, dV (B, H, T, D) <- q, k, v, dO, lse, D (after `ATTN_BWD_DQ`).
+pub static ATTN_BWD_DKV: KernelDesc = KernelDesc {
+    name: "attn_bwd_dkv",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite, // dK
+        Access::ReadWrite, // dV
+        Access::Read,      // q
+        Access::Read,      // k
+        Access::Read,      // v
+        Access::Read,      // dO
+        Access::Read,      // lse
+        Access::Read,      // D
+    ],
+    params_size: PARAMS,
+};
+
+/// The largest head dim the kernels take.
+pub const MAX_HEAD_DIM: usize = 128;
+
+/// The padded head dims a kernel is specialized for; D is zero-padded up to the next one.
+pub const HEAD_DIMS: [u32; 3] = [32, 64, 128];
+
+/// The padded head dim (`DMAX`) for head dim `d` (1..=MAX_HEAD_DIM).
+pub fn head_dim_bucket(d: usize) -> Option<u32> {
+    HEAD_DIMS.into_iter().find(|&b| d >= 1 && d <= b as usize)
+}
+
+/// The three kernels (`KIND` in the WGSL).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Pass {
+    Forward = 0,
+    Dq = 1,
+    Dkv = 2,
+}
+
+impl Pass {
+    pub fn kernel(self) -> &'static KernelDesc {
+        match self {
+            Pass::Forward => &ATTN_FWD,
+            Pass::Dq => &ATTN_BWD_DQ,
+            Pass::Dkv => &ATTN_BWD_DKV,
+        }
+    }
+}
+
+/// A pass's blocking: BR queries and BC keys per step, head dim padded to DMAX, lanes as a
+/// ROWL x COLL grid (128 lanes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Tile {
+    pub dmax: u32,
+    pub br: u32,
+    pub bc: u32,
+    pub rowl: u32,
+    pub coll: u32,
+}
+
+/// The tile of `pass` at padded head dim `dmax` (one of `HEAD_DIMS`). Each is the largest
+/// (BR first: it is the reuse of the staged keys) that keeps the pass's workgroup memory
+/// under 32 KiB; `workgroup_bytes` counts it.
+///   forward: q (BR rows) and one k-or-v tile (BC rows) staged, plus S (BR x BC);
+///   dQ: q, dO (BR rows), k, v (BC rows), dS; dK/dV: the same plus P.
+/// Forward and dQ lanes are 16 x 8 (rows are queries); dK/dV lanes 8 x 16, so that its
+/// [query][key] block (BR x BC) and its [key][d] accumulators (BC x DMAX) both divide.
+pub fn tile(pass: Pass, dmax: u32) -> Tile {
+    let (br, bc, rowl, coll) = match (pass, dmax) {
+        (Pass::Forward, 128) => (32, 16, 16, 8),
+        (Pass::Forward, _) => (32, 32, 16, 8),
+        (Pass::Dq, 128) => (16, 8, 16, 8),
+        (Pass::Dq, 64) => (32, 16, 16, 8),
+        (Pass::Dq, _) => (32, 32, 16, 8),
+        (Pass::Dkv, 128) => (8, 16, 8, 16),
+        (Pass::Dkv, 64) => (16, 32, 8, 16),
+        (Pass::Dkv, _) => (32, 32, 8, 16),
+    };
+    Tile {
+        dmax,
+        br,
+        bc,
+        rowl,
+        coll,
+    }
+}
+
+impl Tile {
+    pub const fn lanes(&self) -> u32 {
+        self.rowl * self.coll
+    }
+
+    /// Bytes of workgroup memory `pass` declares with this tile (mirrors the `var<workgroup>`
+    /// arrays of attention.wgsl: the ones a pass does not use have one element).
+    pub fn workgroup_bytes(&self, pass: Pass) -> u32 {
+        let dp = self.dmax + 1;
+        let sp = self.bc + 1;
+        let (rows_q, rows_k, s) = (self.br * dp, self.bc * dp, self.br * sp);
+        let one = |used: bool, n: u32| if used { n } else { 1 };
+        let bwd = pass != Pass::Forward;
+        let floats = rows_q // tile_q
+            + rows_k // tile_k
+            + one(bwd, rows_q) // tile_do
+            + one(bwd, rows_k) // tile_v
+            + one(pass != Pass::Dq, s) // tile_s
+            + one(bwd, s) // tile_ds
+            + 3 * one(!bwd, self.br) // m_row, l_row, alpha_row
+            + 2 * one(bwd, self.br); // lse_row, dvec_row
+        4 * floats
+    }
+}
+
+/// `acc_a`: add into the first output (dQ, or dK) instead of overwriting it; `acc_b` the
+/// same for dV. Forward takes neither.
+pub fn spec(pass: Pass, t: Tile, acc_a: bool, acc_b: bool) -> Spec {
+    Spec::new()
+        .u32("KIND", pass as u32)
+        .u32("DMAX", t.dmax)
+        .u32("BR", t.br)
+        .u32("BC", t.bc)
+        .u32("ROWL", t.rowl)
+        .u32("COLL", t.coll)
+        .bool("ACC_DQ", pass == Pass::Dq && acc_a)
+        .bool("ACC_DK", pass == Pass::Dkv && acc_a)
+        .bool("ACC_DV", pass == Pass::Dkv && acc_b)
+}
+
+pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
+    let mut v = Vec::new();
+    for dmax in HEAD_DIMS {
+        let t = tile(Pass::Forward, dmax);
+        v.push((&ATTN_FWD, spec(Pass::Forward, t, false, false)));
+        let t = tile(Pass::Dq, dmax);
+        for acc in [false, true] {
+            v.push((&ATTN_BWD_DQ, spec(Pass::Dq, t, acc, false)));
+        }
+        let t = tile(Pass::Dkv, dmax);
+        for acc_k in [false, true] {
+            for acc_v in [false, true] {
+                v.push((&ATTN_BWD_DKV, spec(Pass::Dkv, t, acc_k, acc_v)));
+            }
+        }
+    }
+    v
+}

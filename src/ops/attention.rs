@@ -1,0 +1,432 @@
+//! Fused causal self-attention: q, k, v (B, H, T, D) -> O (B, H, T, D) with
+//! O = softmax(scale * q k^T, keys j <= query i) v, scale = 1/sqrt(D), D up to 128.
+//!
+//! One forward dispatch saves lse (B, H, T) instead of the (B, H, T, T) probabilities;
+//! backward recomputes them block by block in two dispatches (dQ, which also writes
+//! D = rowsum(dO * O), then dK with dV). The kernels read and write (B, H, T, D) views with
+//! unit stride along D directly, so the head split of a fused qkv projection and its gradient
+//! cost no copy. `causal_attention_reference` is the same function from unfused ops.
+
+use crate::autograd::{record, Backward, BackwardCtx};
+use crate::error::{Error, Result};
+use crate::graph::{DType, Device, Storage, Tensor};
+use crate::kernels::attention::{self, AttentionParams, Pass, MAX_HEAD_DIM};
+use crate::ops::elementwise::launch_copy;
+use crate::ops::Out;
+
+const OP: &str = "causal_attention";
+
+/// Saved by the forward: its (unit-D-stride) inputs, its output and the row statistics.
+struct CausalAttentionBackward {
+    q: Tensor,   // (B, H, T, D)
+    k: Tensor,   // (B, H, T, D)
+    v: Tensor,   // (B, H, T, D)
+    o: Tensor,   // (B, H, T, D)
+    lse: Tensor, // (B, H, T), contiguous
+}
+
+impl Backward for CausalAttentionBackward {
+    fn name(&self) -> &'static str {
+        OP
+    }
+
+    fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        let shape = self.q.shape().to_vec();
+        let device = self.q.device().clone();
+        if self.q.numel() == 0 {
+            for i in 0..3 {
+                ctx.put_with(i, |out| Target::new(out, &shape, &device, &[])?.finish())?;
+            }
+            return Ok(());
+        }
+        let g = unit_d(g)?;
+        let dvec = Tensor::uninit(g.device(), &shape[..3], DType::F32, OP)?; // D (B, H, T)
+        let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, &g, &dvec];
+
+        // dQ first: its kernel also writes D, which the dK/dV kernel reads.
+        if ctx.needed(0) {
+            ctx.put_with(0, |out| {
+                let dq = Target::new(out, &shape, &device, &reads)?;
+                self.launch_dq(&g, &dvec, &dq)?;
+                dq.finish()
+            })?;
+        } else {
+            self.launch_dq(&g, &dvec, &Target::scratch(&shape, &device)?)?;
+        }
+
+        // dK and dV come from one kernel, but each input's target is only known inside its own
+        // `put_with`. v goes first: a target that already exists is kept for the kernel,
+        // recorded in k's `put_with`; a new one (which `put_with` may read as soon as the
+        // closure returns) is written at once, with dK into a new tensor passed on to k.
+        let (need_k, need_v) = (ctx.needed(1), ctx.needed(2));
+        if !need_k && !need_v {
+            return Ok(());
+        }
+        let mut dv_kept: Option<Target<'static>> = None;
+        let mut dk_done: Option<Tensor> = None;
+        if need_v {
+            ctx.put_with(2, |out| {
+                let dv = Target::new(out, &shape, &device, &reads)?;
+                if let (Target::Direct { t, acc }, Out::Write(_) | Out::Acc(_)) = (&dv, out) {
+                    dv_kept = Some(Target::Direct {
+                        t: t.clone(),
+                        acc: *acc,
+                    });
+                    return Ok(t.clone());
+                }
+                let dk = Target::scratch(&shape, &device)?;
+                self.launch_dkv(&g, &dvec, &dk, &dv)?;
+                dk_done = Some(dk.finish()?);
+                dv.finish()
+            })?;
+        }
+        if let Some(dk) = dk_done {
+            if !need_k {
+                return Ok(());
+            }
+            return ctx.put_with(1, |out| match out {
+                Out::New => Ok(dk),
+                _ => launch_copy(&dk, out),
+            });
+        }
+        let dv = match dv_kept {
+            Some(dv) => dv,
+            None => Target::scratch(&shape, &device)?, // v needs no gradient
+        };
+        if need_k {
+            ctx.put_with(1, |out| {
+                let mut dk = Target::new(out, &shape, &device, &reads)?;
+                if !disjoint(dk.kernel_out().0, dv.kernel_out().0) {
+                    dk = Target::staged(out, &shape, &device)?;
+                }
+                self.launch_dkv(&g, &dvec, &dk, &dv)?;
+                dk.finish()
+            })
+        } else {
+            self.launch_dkv(&g, &dvec, &Target::scratch(&shape, &device)?, &dv)
+        }
+    }
+}
+
+impl CausalAttentionBackward {
+    fn params(&self, g: &Tensor) -> AttentionParams {
+        let s = self.q.shape();
+        AttentionParams {
+            heads: s[1] as u32,
+            t: s[2] as u32,
+            d: s[3] as u32,
+            scale: scale(s[3]),
+            q: view(&self.q),
+            k: view(&self.k),
+            v: view(&self.v),
+            o: view(&self.o),
+            dout: view(g),
+            ..Default::default()
+        }
+    }
+
+    /// dQ into `dq`, and D into `dvec`.
+    fn launch_dq(&self, g: &Tensor, dvec: &Tensor, dq: &Target<'_>) -> Result<()> {
+        let (out, acc) = dq.kernel_out();
+        let params = AttentionParams {
+            dq: view(out),
+            ..self.params(g)
+        };
+        let storage = [
+            out.storage(),
+            dvec.storage(),
+            self.q.storage(),
+            self.k.storage(),
+            self.v.storage(),
+            g.storage(),
+            self.lse.storage(),
+            self.o.storage(),
+        ];
+        dispatch(Pass::Dq, &self.q, &params, &storage, acc, false)
+    }
+
+    /// dK into `dk` and dV into `dv`; needs D from `launch_dq`.
+    fn launch_dkv(
+        &self,
+        g: &Tensor,
+        dvec: &Tensor,
+        dk: &Target<'_>,
+        dv: &Target<'_>,
+    ) -> Result<()> {
+        let ((dk, acc_k), (dv, acc_v)) = (dk.kernel_out(), dv.kernel_out());
+        let params = AttentionParams {
+            dk: view(dk),
+            dv: view(dv),
+            ..self.params(g)
+        };
+        let storage = [
+            dk.storage(),
+            dv.storage(),
+            self.q.storage(),
+            self.k.storage(),
+            self.v.storage(),
+            g.storage(),
+            self.lse.storage(),
+            dvec.storage(),
+        ];
+        dispatch(Pass::Dkv, &self.q, &params, &storage, acc_k, acc_v)
+    }
+}
+
+/// Where a gradient kernel writes: straight into the target, or (a target that is not unit
+/// stride along D, or shares storage with a tensor the kernel reads) into a new tensor that
+/// `finish` then copies or adds into the target.
+enum Target<'a> {
+    Direct { t: Tensor, acc: bool },
+    Staged { fresh: Tensor, out: Out<'a> },
+}
+
+impl<'a> Target<'a> {
+    fn new(
+        out: Out<'a>,
+        shape: &[usize],
+        device: &Device,
+        reads: &[&Tensor],
+    ) -> Result<Target<'a>> {
+        // Aliasing the reads is not an error here: such a target is staged.
+        let (t, acc) = out.resolve(OP, device, shape, &[])?;
+        if !unit_d_stride(&t) || reads.iter().any(|r| r.same_storage(&t)) {
+            return Target::staged(out, shape, device);
+        }
+        Ok(Target::Direct { t, acc })
+    }
+
+    fn staged(out: Out<'a>, shape: &[usize], device: &Device) -> Result<Target<'a>> {
+        Ok(Target::Staged {
+            fresh: Tensor::uninit(device, shape, DType::F32, OP)?,
+            out,
+        })
+    }
+
+    /// A new tensor for an output nobody needs.
+    fn scratch(shape: &[usize], device: &Device) -> Result<Target<'static>> {
+        Ok(Target::Direct {
+            t: Tensor::uninit(device, shape, DType::F32, OP)?,
+            acc: false,
+        })
+    }
+
+    /// The tensor the kernel writes, and whether it adds into it.
+    fn kernel_out(&self) -> (&Tensor, bool) {
+        match self {
+            Target::Direct { t, acc } => (t, *acc),
+            Target::Staged { fresh, .. } => (fresh, false),
+        }
+    }
+
+    /// The gradient as `put_with` expects it (a staged one copied into its target first).
+    fn finish(self) -> Result<Tensor> {
+        match self {
+            Target::Direct { t, .. } => Ok(t),
+            Target::Staged { fresh, out } => match out {
+                Out::New => Ok(fresh),
+                _ => launch_copy(&fresh, out),
+            },
+        }
+    }
+}
+
+fn scale(d: usize) -> f32 {
+    1.0 / (d as f32).sqrt()
+}
+
+fn unit_d_stride(t: &Tensor) -> bool {
+    t.shape()[3] <= 1 || t.strides()[3] == 1
+}
+
+/// `t` detached, with unit stride along D (copied when it has not).
+fn unit_d(t: &Tensor) -> Result<Tensor> {
+    let t = t.detach();
+    if unit_d_stride(&t) {
+        Ok(t)
+    } else {
+        t.contiguous()
+    }
+}
+
+/// (offset, b stride, h stride, t stride) of a (B, H, T, D) tensor.
+fn view(t: &Tensor) -> [u32; 4] {
+    let s = t.strides();
+    [
+        t.layout().offset as u32,
+        s[0] as u32,
+        s[1] as u32,
+        s[2] as u32,
+    ]
+}
+
+/// Whether two (B, H, T, D) views (unit stride along D) provably share no element: other
+/// storage, element ranges apart, or (same strides) offsets in different residues of the
+/// period of their rows. Merging the dims whose stride continues the contiguous run along D
+/// (the heads of a fused qkv tensor: h stride D) gives a run of L elements; the other dims'
+/// strides are multiples of their gcd g, so every element is offset + [0, L) mod g.
+fn disjoint(a: &Tensor, b: &Tensor) -> bool {
+    if !a.same_storage(b) {
+        return true;
+    }
+    let (la, lb) = (a.layout(), b.layout());
+    if la.storage_extent() <= lb.offset || lb.storage_extent() <= la.offset {
+        return true;
+    }
+    if la.strides != lb.strides || la.shape != lb.shape {
+        return false;
+    }
+    let mut dims: Vec<(usize, usize)> = (0..3)
+        .map(|i| (la.strides[i], la.shape[i]))
+        .filter(|&(_, n)| n > 1)
+        .collect();
+    dims.sort_unstable();
+    let mut run = la.shape[3];
+    let mut rest = dims.as_slice();
+    while let Some((&(stride, n), tail)) = rest.split_first() {
+        if stride != run {
+            break;
+        }
+        run *= n;
+        rest = tail;
+    }
+    let gcd = |mut x: usize, mut y: usize| {
+        while y != 0 {
+            (x, y) = (y, x % y);
+        }
+        x
+    };
+    let period = rest.iter().fold(0, |g, &(s, _)| gcd(g, s));
+    if period == 0 || run > period {
+        return false;
+    }
+    let diff = (lb.offset % period + period - la.offset % period) % period;
+    diff >= run && period - diff >= run
+}
+
+/// The (B, H, T, D) shape shared by q, k and v.
+fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor, op: &'static str) -> Result<[usize; 4]> {
+    for t in [q, k, v] {
+        t.expect_dtype(op, DType::F32)?;
+        q.expect_same_device(op, t)?;
+        if t.rank() != 4 {
+            return Err(Error::ShapeMismatch {
+                op,
+                expected: "q, k and v of rank 4, (B, H, T, D)".into(),
+                got: t.shape().to_vec(),
+            });
+        }
+    }
+    for (name, t) in [("k", k), ("v", v)] {
+        if t.shape() != q.shape() {
+            return Err(Error::ShapeMismatch {
+                op,
+                expected: format!("{name} of q's shape {:?}", q.shape()),
+                got: t.shape().to_vec(),
+            });
+        }
+    }
+    let s = q.shape();
+    Ok([s[0], s[1], s[2], s[3]])
+}
+
+/// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H).
+fn dispatch(
+    pass: Pass,
+    q: &Tensor,
+    params: &AttentionParams,
+    storage: &[&Storage],
+    acc_a: bool,
+    acc_b: bool,
+) -> Result<()> {
+    let s = q.shape();
+    let dmax = attention::head_dim_bucket(s[3]).ok_or_else(|| Error::InvalidArgument {
+        op: OP,
+        reason: format!(
+            "head dim {} is over {MAX_HEAD_DIM} (checked by the forward)",
+            s[3]
+        ),
+    })?;
+    let tile = attention::tile(pass, dmax);
+    let block = if pass == Pass::Dkv { tile.bc } else { tile.br };
+    let groups = [s[2].div_ceil(block as usize), s[0] * s[1]];
+    let limit = q.device().gpu().limits.max_compute_workgroups_per_dimension as usize;
+    if let Some(&count) = groups.iter().find(|&&n| n > limit) {
+        return Err(Error::TooManyWorkgroups {
+            what: format!("{OP} over q of shape {s:?}"),
+            count: count as u64,
+            limit: limit as u64,
+        });
+    }
+    q.device().record(
+        pass.kernel(),
+        &attention::spec(pass, tile, acc_a, acc_b),
+        params,
+        storage,
+        [groups[0] as u32, groups[1] as u32, 1],
+    );
+    Ok(())
+}
+
+impl Tensor {
+    /// Causal self-attention of queries `self`, keys `k` and values `v`, each (B, H, T, D)
+    /// with D <= 128 (any strides): softmax(q k^T / sqrt(D), keys j <= query i) v, fused.
+    pub fn causal_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let [b, h, t, d] = check_shapes(self, k, v, OP)?;
+        if d == 0 || d > MAX_HEAD_DIM {
+            return Err(Error::ShapeMismatch {
+                op: OP,
+                expected: format!("a head dim (last axis) of 1 to {MAX_HEAD_DIM}"),
+                got: self.shape().to_vec(),
+            });
+        }
+        let (q, kd, vd) = (unit_d(self)?, unit_d(k)?, unit_d(v)?);
+        let device = self.device();
+        let o = Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?;
+        let lse = Tensor::uninit(device, &[b, h, t], DType::F32, OP)?;
+        if o.numel() > 0 {
+            let params = AttentionParams {
+                heads: h as u32,
+                t: t as u32,
+                d: d as u32,
+                scale: scale(d),
+                q: view(&q),
+                k: view(&kd),
+                v: view(&vd),
+                o: view(&o),
+                ..Default::default()
+            };
+            let storage = [
+                o.storage(),
+                lse.storage(),
+                q.storage(),
+                kd.storage(),
+                vd.storage(),
+            ];
+            dispatch(Pass::Forward, &q, &params, &storage, false, false)?;
+        }
+        let saved_o = o.clone();
+        Ok(record(o, &[self, k, v], || CausalAttentionBackward {
+            q,
+            k: kd,
+            v: vd,
+            o: saved_o,
+            lse,
+        }))
+    }
+
+    /// The same function as `causal_attention` from unfused ops (matmul, a where-mask,
+    /// softmax, matmul), materializing the (B, H, T, T) probabilities; its gradients come from
+    /// those ops' backward rules. The definition the fused kernels are tested against.
+    pub fn causal_attention_reference(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        const REF: &str = "causal_attention_reference";
+        let [_, _, t, d] = check_shapes(self, k, v, REF)?;
+        let s = self.matmul(&k.t()?)?.mul_scalar(scale(d))?;
+        let keep: Vec<f32> = (0..t * t)
+            .map(|e| if e % t <= e / t { 1.0 } else { 0.0 })
+            .collect();
+        let keep = Tensor::from_slice(self.device(), &keep, &[t, t])?;
+        let masked = Tensor::full(self.device(), &[1], f32::NEG_INFINITY)?;
+        Tensor::where_cond(&keep, &s, &masked)?.softmax()?.matmul(v)
+    }
+}

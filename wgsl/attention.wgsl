@@ -1,0 +1,487 @@
+// Fused causal self-attention, forward and backward (FlashAttention-2, Dao 2023), never
+// writing the T x T score matrix.
+//
+// Query row i attends key j <= i. S = scale * q k^T with scale = 1/sqrt(D), P = softmax(S)
+// row by row, O = P v. Backward, with dO the gradient of O:
+//   attn_fwd      O by blocks of keys with the online softmax: per query row a running max m
+//                 and sum l (f32), each new block rescaling O and l by exp(m_old - m_new).
+//                 Writes O and lse = m + log(l).
+//   attn_bwd_dq   D = rowsum(dO * O) for its queries (written for attn_bwd_dkv), then per key
+//                 block P = exp(S - lse), dP = dO v^T, dS = P * (dP - D); dQ = scale * dS k.
+//   attn_bwd_dkv  the same P and dS per query block; dV = P^T dO, dK = scale * dS^T q.
+//                 Runs after attn_bwd_dq (it reads D).
+//
+// Memory: q, k, v, O, dO, dQ, dK, dV are (B, H, T, D), each read or written through a view
+// vec4(offset, b stride, h stride, t stride) with unit stride along D, so head-split views of
+// a fused qkv tensor (and their gradient buffers) need no copy. lse and D are contiguous
+// (B, H, T). Bindings (one layout per slot, shared by the entry points):
+//   1 out_a  rw  attn_fwd O,   attn_bwd_dq dQ,  attn_bwd_dkv dK
+//   2 out_b  rw  attn_fwd lse, attn_bwd_dq D,   attn_bwd_dkv dV
+//   3 q, 4 k, 5 v, 6 dout (dO), 7 lse (backward), 8 aux (attn_bwd_dq O, attn_bwd_dkv D)
+//
+// Workgroup mapping: ROWL x COLL = 128 lanes, lane (tr, tc) = (lid / COLL, lid % COLL). A lane
+// owns a register block of each tile it computes: rows tr + i * ROWL, columns tc + j * COLL
+// (interleaved, so the lanes of a subgroup touch consecutive words).
+//   attn_fwd, attn_bwd_dq: one workgroup per (block of BR queries, b * H + h) = (wid.x
+//     reversed, wid.y), looping over blocks of BC keys up to the diagonal; the last query
+//     blocks have the most keys, so they are numbered first.
+//   attn_bwd_dkv: one workgroup per (block of BC keys, b * H + h), looping over the blocks of
+//     BR queries at or after it (the first key blocks have the most, and come first).
+// Workgroup tiles are [row][d] with row stride DP = DMAX + 1 and [query][key] with stride
+// SP = BC + 1: the +1 puts a column of different rows on different banks. Staging zero-pads
+// past T and past D, so any T and any D <= DMAX work; no row past T is written, and in
+// attn_bwd_dkv a query past T gets probability 0.
+//
+// Specialization: KIND (0 fwd, 1 dq, 2 dkv; sizes the workgroup arrays: every entry point is
+// compiled under each variant's constants, and HLSL declares every groupshared array of the
+// file, so the arrays a kind does not use get one element), DMAX (head dim padded: 32, 64 or
+// 128), BR, BC (query and key block), ROWL, COLL (lane grid), ACC_DQ, ACC_DK, ACC_DV (add the
+// gradient into its target instead of overwriting it).
+
+struct Params {
+    heads: u32,
+    t: u32,
+    d: u32,
+    _pad0: u32,
+    scale: f32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
+    q: vec4<u32>,
+    k: vec4<u32>,
+    v: vec4<u32>,
+    o: vec4<u32>,
+    dout: vec4<u32>,
+    dq: vec4<u32>,
+    dk: vec4<u32>,
+    dv: vec4<u32>,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> out_a: array<f32>;
+@group(0) @binding(2) var<storage, read_write> out_b: array<f32>;
+@group(0) @binding(3) var<storage, read> q: array<f32>;
+@group(0) @binding(4) var<storage, read> k: array<f32>;
+@group(0) @binding(5) var<storage, read> v: array<f32>;
+@group(0) @binding(6) var<storage, read> dout: array<f32>;
+@group(0) @binding(7) var<storage, read> lse: array<f32>;
+@group(0) @binding(8) var<storage, read> aux: array<f32>;
+
+const KIND_FWD: u32 = 0u;
+const KIND_DQ: u32 = 1u;
+const KIND_DKV: u32 = 2u;
+
+const WG: u32 = ROWL * COLL;
+const DP: u32 = DMAX + 1u;
+const SP: u32 = BC + 1u;
+// Register blocks per lane; at least 1, since an entry point's locals are validated under the
+// other kinds' constants too.
+const Q_PER_LANE: u32 = max(1u, BR / ROWL);   // query rows of a [query][key] tile
+const K_PER_LANE: u32 = max(1u, BC / COLL);   // key columns of a [query][key] tile
+const KR_PER_LANE: u32 = max(1u, BC / ROWL);  // key rows of dK, dV
+const D_PER_LANE: u32 = max(1u, DMAX / COLL); // head-dim columns of O, dQ, dK, dV
+// The score of a masked pair: finite, so exp(NEG_BIG - m) is 0 and exp(m_old - m_new) is
+// never NaN (every query row has key 0 in its first block, so m is finite after it).
+const NEG_BIG: f32 = -1e30;
+
+const BWD: bool = KIND != KIND_FWD;
+var<workgroup> tile_q: array<f32, BR * DP>;                                    // scale * q
+var<workgroup> tile_k: array<f32, BC * DP>;                                    // k (fwd: then v)
+var<workgroup> tile_do: array<f32, select(1u, BR * DP, BWD)>;                  // dO
+var<workgroup> tile_v: array<f32, select(1u, BC * DP, BWD)>;                   // v
+var<workgroup> tile_s: array<f32, select(1u, BR * SP, KIND != KIND_DQ)>;       // S, then P
+var<workgroup> tile_ds: array<f32, select(1u, BR * SP, BWD)>;                  // dS
+var<workgroup> m_row: array<f32, select(1u, BR, !BWD)>;                        // running max
+var<workgroup> l_row: array<f32, select(1u, BR, !BWD)>;                        // running sum
+var<workgroup> alpha_row: array<f32, select(1u, BR, !BWD)>;                    // exp(m_old - m_new)
+var<workgroup> lse_row: array<f32, select(1u, BR, BWD)>;
+var<workgroup> dvec_row: array<f32, select(1u, BR, BWD)>;                      // D
+
+// Element (t, d) of head `bh` of a (B, H, T, D) view.
+fn at(view: vec4<u32>, bh: u32, t: u32, d: u32) -> u32 {
+    let b = bh / p.heads;
+    let h = bh % p.heads;
+    return view.x + b * view.y + h * view.z + t * view.w + d;
+}
+
+// ------------------------------------------------------------------------------------------
+// Forward.
+
+@compute @workgroup_size(WG)
+fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let bh = wid.y;
+    let q0 = (nwg.x - 1u - wid.x) * BR;
+    let tr = lid / COLL;
+    let tc = lid % COLL;
+
+    for (var e = lid; e < BR * DMAX; e += WG) {
+        let r = e / DMAX;
+        let d = e % DMAX;
+        var x = 0.0;
+        if (q0 + r < p.t && d < p.d) {
+            x = q[at(p.q, bh, q0 + r, d)] * p.scale;
+        }
+        tile_q[r * DP + d] = x;
+    }
+    if (lid < BR) {
+        m_row[lid] = NEG_BIG;
+        l_row[lid] = 0.0;
+    }
+    var acc: array<f32, Q_PER_LANE * D_PER_LANE>; // O, unnormalized
+    for (var i = 0u; i < Q_PER_LANE * D_PER_LANE; i++) {
+        acc[i] = 0.0;
+    }
+
+    let keys = min(q0 + BR, p.t); // the causal mask ends at the block's last query
+    for (var k0 = 0u; k0 < keys; k0 += BC) {
+        for (var e = lid; e < BC * DMAX; e += WG) {
+            let c = e / DMAX;
+            let d = e % DMAX;
+            var x = 0.0;
+            if (k0 + c < p.t && d < p.d) {
+                x = k[at(p.k, bh, k0 + c, d)];
+            }
+            tile_k[c * DP + d] = x;
+        }
+        workgroupBarrier();
+
+        // S = (scale q) k^T for this lane's block, masked to keys <= query.
+        var s: array<f32, Q_PER_LANE * K_PER_LANE>;
+        for (var i = 0u; i < Q_PER_LANE * K_PER_LANE; i++) {
+            s[i] = 0.0;
+        }
+        for (var d = 0u; d < DMAX; d++) {
+            var qr: array<f32, Q_PER_LANE>;
+            var kc: array<f32, K_PER_LANE>;
+            for (var i = 0u; i < Q_PER_LANE; i++) {
+                qr[i] = tile_q[(tr + i * ROWL) * DP + d];
+            }
+            for (var j = 0u; j < K_PER_LANE; j++) {
+                kc[j] = tile_k[(tc + j * COLL) * DP + d];
+            }
+            for (var i = 0u; i < Q_PER_LANE; i++) {
+                for (var j = 0u; j < K_PER_LANE; j++) {
+                    s[i * K_PER_LANE + j] = fma(qr[i], kc[j], s[i * K_PER_LANE + j]);
+                }
+            }
+        }
+        for (var i = 0u; i < Q_PER_LANE; i++) {
+            let r = tr + i * ROWL;
+            for (var j = 0u; j < K_PER_LANE; j++) {
+                let c = tc + j * COLL;
+                tile_s[r * SP + c] = select(NEG_BIG, s[i * K_PER_LANE + j], k0 + c <= q0 + r);
+            }
+        }
+        workgroupBarrier();
+
+        // Every lane is done with k: stage v in its place. Meanwhile one lane per query row
+        // updates m and l and turns its scores into P = exp(S - m_new).
+        for (var e = lid; e < BC * DMAX; e += WG) {
+            let c = e / DMAX;
+            let d = e % DMAX;
+            var x = 0.0;
+            if (k0 + c < p.t && d < p.d) {
+                x = v[at(p.v, bh, k0 + c, d)];
+            }
+            tile_k[c * DP + d] = x;
+        }
+        if (lid < BR) {
+            let m_old = m_row[lid];
+            var m_new = m_old;
+            for (var c = 0u; c < BC; c++) {
+                m_new = max(m_new, tile_s[lid * SP + c]);
+            }
+            let alpha = exp(m_old - m_new);
+            var l = l_row[lid] * alpha;
+            for (var c = 0u; c < BC; c++) {
+                let pc = exp(tile_s[lid * SP + c] - m_new);
+                tile_s[lid * SP + c] = pc;
+                l += pc;
+            }
+            m_row[lid] = m_new;
+            l_row[lid] = l;
+            alpha_row[lid] = alpha;
+        }
+        workgroupBarrier();
+
+        // O = alpha O + P v.
+        for (var i = 0u; i < Q_PER_LANE; i++) {
+            let alpha = alpha_row[tr + i * ROWL];
+            for (var j = 0u; j < D_PER_LANE; j++) {
+                acc[i * D_PER_LANE + j] *= alpha;
+            }
+        }
+        for (var c = 0u; c < BC; c++) {
+            var pr: array<f32, Q_PER_LANE>;
+            var vc: array<f32, D_PER_LANE>;
+            for (var i = 0u; i < Q_PER_LANE; i++) {
+                pr[i] = tile_s[(tr + i * ROWL) * SP + c];
+            }
+            for (var j = 0u; j < D_PER_LANE; j++) {
+                vc[j] = tile_k[c * DP + tc + j * COLL];
+            }
+            for (var i = 0u; i < Q_PER_LANE; i++) {
+                for (var j = 0u; j < D_PER_LANE; j++) {
+                    acc[i * D_PER_LANE + j] = fma(pr[i], vc[j], acc[i * D_PER_LANE + j]);
+                }
+            }
+        }
+        workgroupBarrier(); // tile_k and tile_s are staged again next block
+    }
+
+    for (var i = 0u; i < Q_PER_LANE; i++) {
+        let r = tr + i * ROWL;
+        if (q0 + r >= p.t) { continue; }
+        let inv_l = 1.0 / l_row[r];
+        for (var j = 0u; j < D_PER_LANE; j++) {
+            let d = tc + j * COLL;
+            if (d < p.d) {
+                out_a[at(p.o, bh, q0 + r, d)] = acc[i * D_PER_LANE + j] * inv_l;
+            }
+        }
+    }
+    if (lid < BR && q0 + lid < p.t) {
+        out_b[bh * p.t + q0 + lid] = m_row[lid] + log(l_row[lid]);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Backward. Both kernels stage (scale q) and dO for BR queries and k, v for BC keys, and
+// compute P and dS of the same [query][key] block per lane.
+
+// P and dS of this lane's block of (query block q0, key block k0), into tile_ds and (for
+// attn_bwd_dkv, which needs P too) tile_s. Needs tile_q, tile_do, tile_k, tile_v, lse_row and
+// dvec_row staged.
+fn probabilities(q0: u32, k0: u32, tr: u32, tc: u32) {
+    var s: array<f32, Q_PER_LANE * K_PER_LANE>;
+    var dp: array<f32, Q_PER_LANE * K_PER_LANE>;
+    for (var i = 0u; i < Q_PER_LANE * K_PER_LANE; i++) {
+        s[i] = 0.0;
+        dp[i] = 0.0;
+    }
+    for (var d = 0u; d < DMAX; d++) {
+        var qr: array<f32, Q_PER_LANE>;
+        var dor: array<f32, Q_PER_LANE>;
+        var kc: array<f32, K_PER_LANE>;
+        var vc: array<f32, K_PER_LANE>;
+        for (var i = 0u; i < Q_PER_LANE; i++) {
+            qr[i] = tile_q[(tr + i * ROWL) * DP + d];
+            dor[i] = tile_do[(tr + i * ROWL) * DP + d];
+        }
+        for (var j = 0u; j < K_PER_LANE; j++) {
+            kc[j] = tile_k[(tc + j * COLL) * DP + d];
+            vc[j] = tile_v[(tc + j * COLL) * DP + d];
+        }
+        for (var i = 0u; i < Q_PER_LANE; i++) {
+            for (var j = 0u; j < K_PER_LANE; j++) {
+                s[i * K_PER_LANE + j] = fma(qr[i], kc[j], s[i * K_PER_LANE + j]);
+                dp[i * K_PER_LANE + j] = fma(dor[i], vc[j], dp[i * K_PER_LANE + j]);
+            }
+        }
+    }
+    for (var i = 0u; i < Q_PER_LANE; i++) {
+        let r = tr + i * ROWL;
+        for (var j = 0u; j < K_PER_LANE; j++) {
+            let c = tc + j * COLL;
+            let valid = k0 + c <= q0 + r && q0 + r < p.t;
+            let pij = select(0.0, exp(s[i * K_PER_LANE + j] - lse_row[r]), valid);
+            if (KIND == KIND_DKV) {
+                tile_s[r * SP + c] = pij;
+            }
+            tile_ds[r * SP + c] = pij * (dp[i * K_PER_LANE + j] - dvec_row[r]);
+        }
+    }
+}
+
+// Stages BR rows of (scale q) and dO from query q0 (zero past T and D).
+fn stage_queries(bh: u32, q0: u32, lid: u32) {
+    for (var e = lid; e < BR * DMAX; e += WG) {
+        let r = e / DMAX;
+        let d = e % DMAX;
+        var x = 0.0;
+        var g = 0.0;
+        if (q0 + r < p.t && d < p.d) {
+            x = q[at(p.q, bh, q0 + r, d)] * p.scale;
+            g = dout[at(p.dout, bh, q0 + r, d)];
+        }
+        tile_q[r * DP + d] = x;
+        tile_do[r * DP + d] = g;
+    }
+}
+
+// Stages BC rows of k and v from key k0 (zero past T and D).
+fn stage_keys(bh: u32, k0: u32, lid: u32) {
+    for (var e = lid; e < BC * DMAX; e += WG) {
+        let c = e / DMAX;
+        let d = e % DMAX;
+        var x = 0.0;
+        var y = 0.0;
+        if (k0 + c < p.t && d < p.d) {
+            x = k[at(p.k, bh, k0 + c, d)];
+            y = v[at(p.v, bh, k0 + c, d)];
+        }
+        tile_k[c * DP + d] = x;
+        tile_v[c * DP + d] = y;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let bh = wid.y;
+    let q0 = (nwg.x - 1u - wid.x) * BR;
+    let tr = lid / COLL;
+    let tc = lid % COLL;
+
+    stage_queries(bh, q0, lid);
+    // D = rowsum(dO * O): each lane sums its columns of its rows, partials meet in tile_ds.
+    for (var i = 0u; i < Q_PER_LANE; i++) {
+        let r = tr + i * ROWL;
+        var part = 0.0;
+        if (q0 + r < p.t) {
+            for (var d = tc; d < p.d; d += COLL) {
+                part = fma(dout[at(p.dout, bh, q0 + r, d)], aux[at(p.o, bh, q0 + r, d)], part);
+            }
+        }
+        tile_ds[r * SP + tc] = part;
+    }
+    workgroupBarrier();
+    if (lid < BR) {
+        var dsum = 0.0;
+        for (var c = 0u; c < COLL; c++) {
+            dsum += tile_ds[lid * SP + c];
+        }
+        dvec_row[lid] = dsum;
+        var l = 0.0;
+        if (q0 + lid < p.t) {
+            out_b[bh * p.t + q0 + lid] = dsum;
+            l = lse[bh * p.t + q0 + lid];
+        }
+        lse_row[lid] = l;
+    }
+
+    var acc: array<f32, Q_PER_LANE * D_PER_LANE>; // dQ / scale
+    for (var i = 0u; i < Q_PER_LANE * D_PER_LANE; i++) {
+        acc[i] = 0.0;
+    }
+    let keys = min(q0 + BR, p.t);
+    for (var k0 = 0u; k0 < keys; k0 += BC) {
+        workgroupBarrier(); // the previous block (or D's partials) is done with the tiles
+        stage_keys(bh, k0, lid);
+        workgroupBarrier();
+        probabilities(q0, k0, tr, tc);
+        workgroupBarrier();
+        // dQ += dS k
+        for (var c = 0u; c < BC; c++) {
+            var dsr: array<f32, Q_PER_LANE>;
+            var kc: array<f32, D_PER_LANE>;
+            for (var i = 0u; i < Q_PER_LANE; i++) {
+                dsr[i] = tile_ds[(tr + i * ROWL) * SP + c];
+            }
+            for (var j = 0u; j < D_PER_LANE; j++) {
+                kc[j] = tile_k[c * DP + tc + j * COLL];
+            }
+            for (var i = 0u; i < Q_PER_LANE; i++) {
+                for (var j = 0u; j < D_PER_LANE; j++) {
+                    acc[i * D_PER_LANE + j] = fma(dsr[i], kc[j], acc[i * D_PER_LANE + j]);
+                }
+            }
+        }
+    }
+
+    for (var i = 0u; i < Q_PER_LANE; i++) {
+        let r = tr + i * ROWL;
+        if (q0 + r >= p.t) { continue; }
+        for (var j = 0u; j < D_PER_LANE; j++) {
+            let d = tc + j * COLL;
+            if (d < p.d) {
+                let o = at(p.dq, bh, q0 + r, d);
+                let g = acc[i * D_PER_LANE + j] * p.scale;
+                if (ACC_DQ) {
+                    out_a[o] = out_a[o] + g;
+                } else {
+                    out_a[o] = g;
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let bh = wid.y;
+    let k0 = wid.x * BC;
+    let tr = lid / COLL;
+    let tc = lid % COLL;
+
+    stage_keys(bh, k0, lid);
+    var dk: array<f32, KR_PER_LANE * D_PER_LANE>;
+    var dv: array<f32, KR_PER_LANE * D_PER_LANE>;
+    for (var i = 0u; i < KR_PER_LANE * D_PER_LANE; i++) {
+        dk[i] = 0.0;
+        dv[i] = 0.0;
+    }
+    // Queries before k0 see none of these keys.
+    for (var q0 = (k0 / BR) * BR; q0 < p.t; q0 += BR) {
+        stage_queries(bh, q0, lid);
+        if (lid < BR) {
+            var l = 0.0;
+            var dsum = 0.0;
+            if (q0 + lid < p.t) {
+                l = lse[bh * p.t + q0 + lid];
+                dsum = aux[bh * p.t + q0 + lid];
+            }
+            lse_row[lid] = l;
+            dvec_row[lid] = dsum;
+        }
+        workgroupBarrier();
+        probabilities(q0, k0, tr, tc);
+        workgroupBarrier();
+        // dV += P^T dO, dK += dS^T (scale q), over this block's queries.
+        for (var r = 0u; r < BR; r++) {
+            var pc: array<f32, KR_PER_LANE>;
+            var dsc: array<f32, KR_PER_LANE>;
+            var dor: array<f32, D_PER_LANE>;
+            var qr: array<f32, D_PER_LANE>;
+            for (var i = 0u; i < KR_PER_LANE; i++) {
+                pc[i] = tile_s[r * SP + tr + i * ROWL];
+                dsc[i] = tile_ds[r * SP + tr + i * ROWL];
+            }
+            for (var j = 0u; j < D_PER_LANE; j++) {
+                dor[j] = tile_do[r * DP + tc + j * COLL];
+                qr[j] = tile_q[r * DP + tc + j * COLL];
+            }
+            for (var i = 0u; i < KR_PER_LANE; i++) {
+                for (var j = 0u; j < D_PER_LANE; j++) {
+                    dv[i * D_PER_LANE + j] = fma(pc[i], dor[j], dv[i * D_PER_LANE + j]);
+                    dk[i * D_PER_LANE + j] = fma(dsc[i], qr[j], dk[i * D_PER_LANE + j]);
+                }
+            }
+        }
+        workgroupBarrier(); // the query tiles are staged again next block
+    }
+
+    for (var i = 0u; i < KR_PER_LANE; i++) {
+        let c = tr + i * ROWL;
+        if (k0 + c >= p.t) { continue; }
+        for (var j = 0u; j < D_PER_LANE; j++) {
+            let d = tc + j * COLL;
+            if (d < p.d) {
+                let ok = at(p.dk, bh, k0 + c, d);
+                let ov = at(p.dv, bh, k0 + c, d);
+                if (ACC_DK) {
+                    out_a[ok] = out_a[ok] + dk[i * D_PER_LANE + j];
+                } else {
+                    out_a[ok] = dk[i * D_PER_LANE + j];
+                }
+                if (ACC_DV) {
+                    out_b[ov] = out_b[ov] + dv[i * D_PER_LANE + j];
+                } else {
+                    out_b[ov] = dv[i * D_PER_LANE + j];
+                }
+            }
+        }
+    }
+}
