@@ -150,3 +150,31 @@ fn an_optimizer_step_is_one_dispatch_per_chunk_plus_the_norm() -> Result<()> {
     assert_eq!(c.submits, 0, "the step records; nothing is read back");
     Ok(())
 }
+
+#[test]
+fn adamw_refuses_a_parameter_set_it_was_not_built_for() -> Result<()> {
+    let dev = private_dev();
+    let a = Parameters::new(
+        &dev,
+        &[ParamSpec {
+            name: "w".into(),
+            shape: vec![4, 4],
+            decay: true,
+        }],
+    )?;
+    let b = Parameters::new(
+        &dev,
+        &[ParamSpec {
+            name: "w".into(),
+            shape: vec![5, 4],
+            decay: true,
+        }],
+    )?;
+    let mut opt = AdamW::new(&a, AdamWConfig::default())?;
+    let err = opt.step(&b, 1e-3).unwrap_err().to_string();
+    assert!(
+        err.contains("AdamW") && err.contains("[16]") && err.contains("[20]"),
+        "{err}"
+    );
+    Ok(())
+}

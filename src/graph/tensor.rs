@@ -119,7 +119,16 @@ impl Tensor {
     /// A new view over the same storage, without an attachment (views made by ops get theirs
     /// from the autograd layer).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {
-        Tensor::from_parts(self.0.storage.clone(), layout, self.0.dtype)
+        // A reshape of a whole index tensor keeps its host copy (same elements, same order).
+        let host =
+            self.0.host_u32.as_ref().filter(|h| {
+                layout.offset == 0 && layout.is_contiguous() && layout.numel() == h.len()
+            });
+        let t = Tensor::from_parts(self.0.storage.clone(), layout, self.0.dtype);
+        match host {
+            Some(h) => t.with_host_u32(h.clone()),
+            None => t,
+        }
     }
 
     pub fn shape(&self) -> &[usize] {

@@ -2,7 +2,9 @@
 //! B batch, T sequence, C n_embd, H heads, D = C / H head dim, V vocabulary.
 
 mod config;
+mod gpt2;
 mod params;
 
 pub use config::Gpt2Config;
+pub use gpt2::{Gpt2, Kernels};
 pub use params::{ParamSpec, Parameters};

@@ -4,7 +4,7 @@
 //! parameter chunk that reads that scalar itself: no host round-trip. Moments are allocated
 //! once; gradients are marked zero afterwards (no dispatch).
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
 use crate::kernels::adamw::{self, AdamWParams};
 use crate::kernels::pack8;
@@ -99,6 +99,16 @@ impl AdamW {
 
     fn record_step(&mut self, params: &Parameters, lr: f32) -> Result<()> {
         let dev = params.device();
+        let layout: Vec<usize> = params.chunks.iter().map(|c| c.numel).collect();
+        let built: Vec<usize> = self.moments.iter().map(|(m, _)| m.numel()).collect();
+        if layout != built {
+            return Err(Error::InvalidArgument {
+                op: "AdamW step",
+                reason: format!(
+                    "the optimizer was built for parameter chunks of {built:?} elements, this parameter set has {layout:?}"
+                ),
+            });
+        }
         params.zero_unwritten_grads()?;
         self.step += 1;
         let c = self.config;

@@ -1,0 +1,180 @@
+//! GPT-2: token and position embeddings, pre-LayerNorm blocks (causal self-attention and a
+//! GELU MLP, each with a residual), a final LayerNorm and an LM head tied to the token
+//! embedding. Parameter names and layouts are Hugging Face's (`h.{i}.attn.c_attn.weight` is
+//! (C, 3C): Conv1D stores [in, out], which is what `linear` takes).
+
+use crate::error::{Error, Result};
+use crate::graph::{Device, Tensor};
+use crate::nn::{Gpt2Config, Parameters};
+use crate::ops::Activation;
+
+/// Which kernels the model runs: the fused ones, or the unfused compositions they are checked
+/// against (slow; for tests and debugging).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Kernels {
+    #[default]
+    Fused,
+    Reference,
+}
+
+/// A GPT-2 language model over a `Parameters` store.
+pub struct Gpt2 {
+    pub config: Gpt2Config,
+    pub params: Parameters,
+    pub kernels: Kernels,
+}
+
+impl Gpt2 {
+    /// A model with GPT-2's initialization (normal(0, 0.02); the residual projections scaled by
+    /// 1/sqrt(2 n_layer); LayerNorm weights 1, biases 0), drawn from `seed`.
+    pub fn new(device: &Device, config: Gpt2Config, seed: u64) -> Result<Gpt2> {
+        config.validate()?;
+        let params = Parameters::new(device, &config.param_specs())?;
+        let std = config.initializer_range;
+        let proj_std = std / (2.0 * config.n_layer as f32).sqrt();
+        for (k, (name, t)) in params.iter().enumerate() {
+            let seed = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
+            if name.ends_with("ln_1.weight")
+                || name.ends_with("ln_2.weight")
+                || name == "ln_f.weight"
+            {
+                t.fill_(1.0)?;
+            } else if name.ends_with(".bias") {
+                t.fill_(0.0)?;
+            } else if name.ends_with("c_proj.weight") {
+                t.fill_normal_(0.0, proj_std, seed)?;
+            } else {
+                t.fill_normal_(0.0, std, seed)?;
+            }
+        }
+        Ok(Gpt2 {
+            config,
+            params,
+            kernels: Kernels::Fused,
+        })
+    }
+
+    fn p(&self, name: &str) -> Result<&Tensor> {
+        self.params.get(name).ok_or_else(|| Error::InvalidArgument {
+            op: "gpt2",
+            reason: format!("no parameter `{name}`"),
+        })
+    }
+
+    /// Logits (B, T, V) for token ids (B, T) (a u32 tensor).
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let cfg = &self.config;
+        if ids.rank() != 2 {
+            return Err(Error::ShapeMismatch {
+                op: "gpt2 forward",
+                expected: "token ids of shape (B, T)".into(),
+                got: ids.shape().to_vec(),
+            });
+        }
+        let (b, t) = (ids.shape()[0], ids.shape()[1]);
+        if t > cfg.n_positions {
+            return Err(Error::InvalidArgument {
+                op: "gpt2 forward",
+                reason: format!(
+                    "a sequence of {t} tokens is longer than the model's {} positions",
+                    cfg.n_positions
+                ),
+            });
+        }
+        let c = cfg.n_embd;
+        let flat = ids.reshape(&[b * t])?;
+        let tok = self.p("wte.weight")?.index_select(0, &flat)?; // (B*T, C)
+        let pos = self.p("wpe.weight")?.narrow(0, 0, t)?; // (T, C)
+        let mut x = tok.reshape(&[b, t, c])?.add(&pos)?; // (B, T, C)
+        for i in 0..cfg.n_layer {
+            x = self.block(i, &x)?;
+        }
+        let x = self.layer_norm(
+            &x,
+            self.p("ln_f.weight")?,
+            self.p("ln_f.bias")?,
+            cfg.layer_norm_epsilon,
+        )?;
+        // LM head tied to wte: (B, T, C) @ (C, V).
+        self.linear(&x, &self.p("wte.weight")?.t()?, None, Activation::None)
+    }
+
+    /// One pre-LayerNorm block on x (B, T, C).
+    pub fn block(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t, c) = (x.shape()[0], x.shape()[1], cfg.n_embd);
+        let (h, d) = (cfg.n_head, cfg.n_embd / cfg.n_head);
+        let p = |s: &str| self.p(&format!("h.{i}.{s}"));
+        let eps = cfg.layer_norm_epsilon;
+
+        let a = self.layer_norm(&x, p("ln_1.weight")?, p("ln_1.bias")?, eps)?;
+        let qkv = self.linear(
+            &a,
+            p("attn.c_attn.weight")?,
+            Some(p("attn.c_attn.bias")?),
+            Activation::None,
+        )?; // (B, T, 3C)
+            // Views, no copies: (B, T, 3C) -> (B, T, 3, H, D) -> one of q, k, v as (B, H, T, D).
+        let qkv = qkv.reshape(&[b, t, 3, h, d])?;
+        let heads = |k: usize| -> Result<Tensor> {
+            qkv.narrow(2, k, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3])
+        };
+        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
+        let y = match self.kernels {
+            Kernels::Fused => q.causal_attention(&k, &v)?,
+            Kernels::Reference => q.causal_attention_reference(&k, &v)?,
+        }; // (B, H, T, D)
+        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?; // (B, T, C)
+        let y = self.linear(
+            &y,
+            p("attn.c_proj.weight")?,
+            Some(p("attn.c_proj.bias")?),
+            Activation::None,
+        )?;
+        let x = x.add(&y)?;
+
+        let m = self.layer_norm(&x, p("ln_2.weight")?, p("ln_2.bias")?, eps)?;
+        let m = self.linear(
+            &m,
+            p("mlp.c_fc.weight")?,
+            Some(p("mlp.c_fc.bias")?),
+            Activation::Gelu,
+        )?; // (B, T, 4C)
+        let m = self.linear(
+            &m,
+            p("mlp.c_proj.weight")?,
+            Some(p("mlp.c_proj.bias")?),
+            Activation::None,
+        )?;
+        x.add(&m)
+    }
+
+    /// Mean next-token cross-entropy of `ids` (B, T) against `targets` (B, T).
+    pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let logits = self.forward(ids)?;
+        match self.kernels {
+            Kernels::Fused => logits.cross_entropy(targets, None),
+            Kernels::Reference => logits.cross_entropy_unfused(targets, None),
+        }
+    }
+
+    fn layer_norm(&self, x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+        match self.kernels {
+            Kernels::Fused => x.layer_norm(gamma, beta, eps),
+            Kernels::Reference => x.layer_norm_unfused(gamma, beta, eps),
+        }
+    }
+
+    fn linear(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        act: Activation,
+    ) -> Result<Tensor> {
+        match self.kernels {
+            Kernels::Fused => x.linear(w, b, act),
+            Kernels::Reference => x.linear_reference(w, b, act),
+        }
+    }
+}
