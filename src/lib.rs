@@ -14,6 +14,7 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod profile;
+pub mod train;
 
 pub use autograd::no_grad;
 pub use device::DeviceOptions;

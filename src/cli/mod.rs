@@ -1,7 +1,10 @@
 //! Subcommands. Each one parses its flags and calls the library; no engine logic lives here.
 
 mod bench_ops;
+mod bench_step;
 mod info;
+mod profile;
+mod setup;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +27,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Profile GPT-2 training steps: GPU time per kernel, CPU phases, counters, Chrome trace.
+    Profile(profile::Args),
     /// Benchmarks that print tables (never assert on timing).
     Bench {
         #[command(subcommand)]
@@ -35,13 +40,17 @@ enum Command {
 enum BenchCommand {
     /// Kernel throughput, CPU cost per recorded dispatch, submits and pool reuse.
     Ops(bench_ops::Args),
+    /// A full GPT-2 training step: median ms, tokens/s, submits and buffers per step.
+    Step(bench_step::Args),
 }
 
 pub fn run(cli: Cli) -> wgrad::Result<()> {
     match cli.command {
         Command::Info { json } => info::run(json),
+        Command::Profile(args) => profile::run(&args),
         Command::Bench { which } => match which {
             BenchCommand::Ops(args) => bench_ops::run(&args),
+            BenchCommand::Step(args) => bench_step::run(&args),
         },
     }
 }

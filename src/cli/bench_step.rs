@@ -1,0 +1,147 @@
+//! `wgrad bench step`: the median time of a full GPT-2 training step (forward, backward,
+//! AdamW), synchronized per step, after warm-up; tokens/s, submits and buffers created per
+//! step, step-0 (cold) time. Prints a table, or `--json`.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use serde::Serialize;
+use wgrad::optim::{AdamWConfig, LrSchedule};
+use wgrad::train::Trainer;
+use wgrad::{Device, Result};
+
+use super::setup;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A built-in model shape (tiny, distilgpt2, gpt2).
+    #[arg(long, default_value = "distilgpt2")]
+    preset: String,
+    /// A model directory (its config.json) instead of a preset.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, default_value_t = 8)]
+    batch: usize,
+    #[arg(long, default_value_t = 512)]
+    seq: usize,
+    /// Timed steps (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    /// Untimed steps first (step 0 is reported on its own).
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    adapter: String,
+    model: String,
+    batch: usize,
+    seq: usize,
+    params: usize,
+    step0_ms: f64,
+    median_ms: f64,
+    min_ms: f64,
+    max_ms: f64,
+    tokens_per_s: f64,
+    submits_per_step: f64,
+    buffers_created_per_step: f64,
+    dispatches_per_step: f64,
+    loss_first: f32,
+    loss_last: f32,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let dev = Device::new()?;
+    let config = setup::config(Some(&args.preset), args.model.as_deref())?;
+    let name = args
+        .model
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or(args.preset.clone());
+    let model = setup::model(&dev, config.clone(), 0)?;
+    let params = model.params.numel();
+    let adamw = AdamWConfig {
+        weight_decay: 0.1,
+        max_grad_norm: Some(1.0),
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(model, adamw, 1e-4, LrSchedule::Constant { warmup: 0 })?;
+    let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, 1)?;
+    let mut times = Vec::new();
+    let mut submits = 0u64;
+    let mut created = 0u64;
+    let mut dispatches = 0u64;
+    let mut losses = Vec::new();
+    for i in 0..args.warmup.max(1) + args.steps {
+        let c0 = dev.counters();
+        let b0 = dev.pool_stats().buffers_created;
+        let t = Instant::now();
+        let loss = trainer.step(std::slice::from_ref(&batch))?;
+        losses.push(loss.item()?); // synchronizes
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        if i >= args.warmup.max(1) {
+            let c = dev.counters() - c0;
+            submits += c.submits;
+            dispatches += c.dispatches;
+            created += dev.pool_stats().buffers_created - b0;
+        }
+        times.push(ms);
+    }
+    let timed: Vec<f64> = times[args.warmup.max(1)..].to_vec();
+    let mut sorted = timed.clone();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let n = sorted.len().max(1) as f64;
+    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    let report = Report {
+        adapter: dev.report().adapter,
+        model: name,
+        batch: args.batch,
+        seq: args.seq,
+        params,
+        step0_ms: times[0],
+        median_ms: median,
+        min_ms: sorted.first().copied().unwrap_or(0.0),
+        max_ms: sorted.last().copied().unwrap_or(0.0),
+        tokens_per_s: (args.batch * args.seq) as f64 / (median * 1e-3),
+        submits_per_step: submits as f64 / n,
+        buffers_created_per_step: created as f64 / n,
+        dispatches_per_step: dispatches as f64 / n,
+        loss_first: losses[0],
+        loss_last: *losses.last().expect("steps ran"),
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("the report serializes")
+        );
+    } else {
+        println!(
+            "adapter {}; model {} ({} parameters); B x T = {} x {}",
+            report.adapter, report.model, report.params, report.batch, report.seq
+        );
+        println!("step 0 (cold)        {:>10.2} ms", report.step0_ms);
+        println!(
+            "step median          {:>10.2} ms  (min {:.2}, max {:.2}, {} steps after {} warm-up)",
+            report.median_ms,
+            report.min_ms,
+            report.max_ms,
+            args.steps,
+            args.warmup.max(1)
+        );
+        println!("tokens/s             {:>10.0}", report.tokens_per_s);
+        println!("submits per step     {:>10.1}", report.submits_per_step);
+        println!(
+            "buffers created/step {:>10.1}",
+            report.buffers_created_per_step
+        );
+        println!("dispatches per step  {:>10.1}", report.dispatches_per_step);
+        println!(
+            "loss                 {:>10.4} -> {:.4}",
+            report.loss_first, report.loss_last
+        );
+    }
+    Ok(())
+}

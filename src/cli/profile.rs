@@ -1,0 +1,86 @@
+//! `wgrad profile`: warm-up steps, then profiled steps of GPT-2 training; prints GPU time per
+//! kernel, CPU time per phase, per-step counters and wall times; `--json FILE` and
+//! `--trace FILE` (Chrome trace) write the same data.
+
+use std::path::PathBuf;
+
+use wgrad::optim::{AdamWConfig, LrSchedule};
+use wgrad::profile::{chrome_trace, Profiler};
+use wgrad::train::Trainer;
+use wgrad::{Device, Error, Result};
+
+use super::setup;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A built-in model shape (tiny, distilgpt2, gpt2).
+    #[arg(long, default_value = "tiny")]
+    preset: String,
+    /// A model directory (its config.json) instead of a preset.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    #[arg(long, default_value_t = 4)]
+    batch: usize,
+    #[arg(long, default_value_t = 64)]
+    seq: usize,
+    /// Profiled steps after warm-up.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// Warm-up steps (step 0 is the cold one: pipeline compilation).
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Write a Chrome trace (chrome://tracing, Perfetto) to this file.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+}
+
+fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_string_pretty(value).expect("the report serializes");
+    std::fs::write(&tmp, text)
+        .and_then(|_| std::fs::rename(&tmp, path))
+        .map_err(|source| Error::Io {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let dev = Device::new()?;
+    let config = setup::config(Some(&args.preset), args.model.as_deref())?;
+    let model = setup::model(&dev, config.clone(), 0)?;
+    let adamw = AdamWConfig {
+        max_grad_norm: Some(1.0),
+        ..Default::default()
+    };
+    let mut trainer = Trainer::new(model, adamw, 1e-4, LrSchedule::Constant { warmup: 0 })?;
+    let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, 1)?;
+    let mut prof = Profiler::new(&dev);
+    let warmup = args.warmup.max(1);
+    for _ in 0..warmup + args.steps {
+        prof.step(|| trainer.step(std::slice::from_ref(&batch))?.item())?;
+    }
+    let report = prof.report(warmup);
+    println!(
+        "adapter {}; {} x {} tokens; {} warm-up + {} profiled steps\n",
+        dev.report().adapter,
+        args.batch,
+        args.seq,
+        warmup,
+        args.steps
+    );
+    print!("{}", report.to_text());
+    if let Some(path) = &args.json {
+        write(
+            path,
+            &serde_json::to_value(&report).expect("the report serializes"),
+        )?;
+    }
+    if let Some(path) = &args.trace {
+        write(path, &chrome_trace(&prof.steps))?;
+    }
+    Ok(())
+}

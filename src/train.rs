@@ -1,0 +1,77 @@
+//! One training step of a GPT-2: forward, backward and the AdamW update recorded into the lazy
+//! Segments with no host read-back in between (the loss comes back as a tensor; read it late).
+//! Each phase is a tracing span (`forward`, `backward`, `optimizer`), so the profiler can time
+//! it and nothing pays when no profiler is installed.
+
+use crate::error::{Error, Result};
+use crate::graph::{Phase, Tensor};
+use crate::nn::Gpt2;
+use crate::optim::{AdamW, AdamWConfig, LrSchedule};
+
+pub struct Trainer {
+    pub model: Gpt2,
+    pub opt: AdamW,
+    pub schedule: LrSchedule,
+    /// The peak learning rate.
+    pub lr: f32,
+    /// Optimizer steps taken.
+    pub step: usize,
+}
+
+impl Trainer {
+    pub fn new(model: Gpt2, config: AdamWConfig, lr: f32, schedule: LrSchedule) -> Result<Trainer> {
+        let opt = AdamW::new(&model.params, config)?;
+        Ok(Trainer {
+            model,
+            opt,
+            schedule,
+            lr,
+            step: 0,
+        })
+    }
+
+    /// One optimizer step over `micro_batches` of (inputs, targets), each (B, T) u32: their
+    /// gradients accumulate in place (each loss seeded with 1/n), then one AdamW update at the
+    /// scheduled rate. Returns the mean loss, still on the GPU.
+    pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
+        if micro_batches.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "train step",
+                reason: "no micro-batches".into(),
+            });
+        }
+        let dev = self.model.params.device().clone();
+        let n = micro_batches.len() as f32;
+        let mut total: Option<Tensor> = None;
+        for (x, y) in micro_batches {
+            dev.set_phase(Phase::Forward);
+            let loss = {
+                let _span = tracing::info_span!("forward").entered();
+                self.model.loss(x, y)?
+            };
+            {
+                let _span = tracing::info_span!("backward").entered();
+                let seed = Tensor::full(&dev, &[], 1.0 / n)?;
+                loss.backward_with(&seed)?;
+            }
+            let loss = loss.detach();
+            total = Some(match total {
+                None => loss,
+                Some(t) => t.add(&loss)?,
+            });
+        }
+        {
+            let _span = tracing::info_span!("optimizer").entered();
+            let lr = self.schedule.lr_at(self.step, self.lr);
+            self.opt.step(&self.model.params, lr)?;
+        }
+        dev.set_phase(Phase::Forward);
+        self.step += 1;
+        let total = total.expect("at least one micro-batch ran");
+        if micro_batches.len() == 1 {
+            Ok(total)
+        } else {
+            total.mul_scalar(1.0 / n)
+        }
+    }
+}
