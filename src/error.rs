@@ -89,4 +89,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// A model file (config.json, a safetensors header, a checkpoint) that cannot be used as is.
+    #[error("{path}: {reason}")]
+    ModelFile { path: String, reason: String },
+
+    /// Weights that do not match the model the config describes: every missing, unexpected,
+    /// misshaped or unconvertible tensor, one line each.
+    #[error("{path}: the weights do not match config.json:\n  {}", problems.join("\n  "))]
+    WeightMismatch { path: String, problems: Vec<String> },
+
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer { path: String, reason: String },
 }
