@@ -101,4 +101,27 @@ pub enum Error {
 
     #[error("tokenizer {path}: {reason}")]
     Tokenizer { path: String, reason: String },
+
+    #[error("{path}: not UTF-8 text: byte 0x{byte:02x} at offset {offset} (line {line})")]
+    NotUtf8 {
+        path: String,
+        offset: usize,
+        byte: u8,
+        line: usize,
+    },
+
+    #[error("{path}: {reason}")]
+    Dataset { path: String, reason: String },
+
+    #[error(
+        "{path}: the {part} part holds {tokens} tokens, shorter than one sequence of {needed} \
+         tokens (T + 1 with T = {seq_len})"
+    )]
+    DataTooShort {
+        path: String,
+        part: &'static str,
+        tokens: usize,
+        needed: usize,
+        seq_len: usize,
+    },
 }

@@ -9,12 +9,18 @@
 //! | `tokenizer.rs` | GPT-2 byte-level BPE: text to token ids and back |
 //! | `safetensors_io.rs` | weights: load into `Parameters` (every mismatch named), save |
 //! | `atomic.rs` | writes that are never seen half-done: temporary name, then rename |
+//! | `data.rs` | a text file as token ids: read, tokenize once, cache, split |
+//! | `batches.rs` | (B, T+1) batches from a token split, seeded, with a resumable position |
 
 mod atomic;
+mod batches;
+mod data;
 mod hf_config;
 mod safetensors_io;
 mod tokenizer;
 
+pub use batches::{Batch, BatchSampler, DataPosition};
+pub use data::{TokenDataset, DEFAULT_HELD_OUT};
 pub use hf_config::HfConfig;
 pub use safetensors_io::{load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE};
 pub use tokenizer::Tokenizer;
