@@ -3,13 +3,14 @@
 //! Names are Hugging Face's (`Gpt2Config::param_specs`), read with or without the
 //! `transformer.` prefix that `GPT2LMHeadModel` adds. GPT-2's Conv1D stores its weights
 //! [in, out], e.g. `h.{i}.attn.c_attn.weight` (C, 3C), the layout wgrad multiplies with: no
-//! transpose anywhere. Tolerated and skipped: `lm_head.weight` when shaped like `wte.weight`
-//! (wgrad ties the two), and the causal-mask buffers `h.{i}.attn.bias` / `h.{i}.attn.masked_bias`
-//! older files carry. f32, f16, bf16 and f64 tensors load (converted to f32); saved files are
-//! f32 without prefix, loadable by `GPT2LMHeadModel.from_pretrained(dir)`.
+//! transpose anywhere. Tolerated and skipped: `lm_head.weight` when it is `wte.weight`'s copy
+//! (wgrad ties the two; a head that differs is an error, not silently dropped), and the
+//! causal-mask buffers `h.{i}.attn.bias` / `h.{i}.attn.masked_bias` older files carry. f32,
+//! f16, bf16 and f64 tensors load (converted to f32); saved files are f32 without prefix,
+//! loadable by `GPT2LMHeadModel.from_pretrained(dir)`.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::Path;
 
@@ -110,23 +111,48 @@ pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
     let st = SafeTensors::deserialize(&map)
         .map_err(|e| bad(format!("not a complete safetensors file ({e})")))?;
 
+    let found = match_tensors(&st, params).map_err(|mut problems| {
+        let total = problems.len();
+        if total > MAX_LISTED {
+            problems.truncate(MAX_LISTED);
+            problems.push(format!("... and {} more", total - MAX_LISTED));
+        }
+        Error::WeightMismatch {
+            path: shown.clone(),
+            problems,
+        }
+    })?;
+    for (name, tensor) in params.iter() {
+        tensor.copy_from_slice(&to_f32(&found[name]))?;
+    }
+    Ok(())
+}
+
+/// The file's tensor for every parameter (by Hugging Face name), or every problem found: a
+/// missing, unexpected, misshaped, duplicated or non-float tensor, or an `lm_head.weight` that
+/// is not `wte.weight`'s copy.
+fn match_tensors<'a>(
+    st: &SafeTensors<'a>,
+    params: &Parameters,
+) -> std::result::Result<HashMap<String, TensorView<'a>>, Vec<String>> {
     let expected: HashMap<&str, &[usize]> = params.iter().map(|(n, t)| (n, t.shape())).collect();
     let mut problems = Vec::new();
     let mut reported = HashSet::new(); // HF names already in a problem: not "missing" too
-    let mut found: BTreeMap<&str, (String, TensorView<'_>)> = BTreeMap::new();
+    let mut found: HashMap<String, (String, TensorView<'a>)> = HashMap::new();
+    let mut lm_head = None;
     let mut file_tensors = st.tensors();
     file_tensors.sort_by(|a, b| a.0.cmp(&b.0));
     for (file_name, view) in file_tensors {
         let name = file_name.strip_prefix(PREFIX).unwrap_or(&file_name);
         let shape = view.shape().to_vec();
-        if let Some((hf_name, want)) = expected.get_key_value(name) {
+        if let Some((&hf_name, want)) = expected.get_key_value(name) {
             if shape != *want {
-                reported.insert(*hf_name);
+                reported.insert(hf_name);
                 problems.push(format!(
                     "`{file_name}`: config.json gives shape {want:?}, the file holds {shape:?}"
                 ));
             } else if !convertible(view.dtype()) {
-                reported.insert(*hf_name);
+                reported.insert(hf_name);
                 problems.push(format!(
                     "`{file_name}` {shape:?}: dtype {:?} is not a float type wgrad converts \
                      (F32, F16, BF16, F64)",
@@ -137,18 +163,34 @@ pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
                     "`{name}` appears twice: as `{other}` and `{file_name}`"
                 ));
             } else {
-                found.insert(hf_name, (file_name.clone(), view));
+                found.insert(hf_name.to_string(), (file_name.clone(), view));
             }
         } else if name == LM_HEAD {
             let wte = expected.get("wte.weight").copied().unwrap_or(&[]);
-            if shape != wte {
+            if shape != wte || !convertible(view.dtype()) {
                 problems.push(format!(
-                    "`{file_name}` {shape:?} cannot be tied to `wte.weight` {wte:?} (wgrad ties \
-                     the output projection to the token embedding)"
+                    "`{file_name}` {shape:?} {:?} cannot be tied to `wte.weight` {wte:?} (wgrad \
+                     ties the output projection to the token embedding)",
+                    view.dtype()
                 ));
+            } else {
+                lm_head = Some((file_name.clone(), view));
             }
         } else if !is_mask_buffer(name) {
             problems.push(format!("unexpected tensor `{file_name}` {shape:?}"));
+        }
+    }
+    if let (Some((head_name, head)), Some((_, wte))) = (&lm_head, found.get("wte.weight")) {
+        let same = if head.dtype() == wte.dtype() {
+            head.data() == wte.data()
+        } else {
+            to_f32(head) == to_f32(wte)
+        };
+        if !same {
+            problems.push(format!(
+                "`{head_name}` differs from `wte.weight`: this model's output projection is not \
+                 tied to its embedding, and wgrad's is"
+            ));
         }
     }
     for (name, tensor) in params.iter() {
@@ -156,22 +198,11 @@ pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
             problems.push(format!("missing tensor `{name}` {:?}", tensor.shape()));
         }
     }
-    if !problems.is_empty() {
-        let total = problems.len();
-        if total > MAX_LISTED {
-            problems.truncate(MAX_LISTED);
-            problems.push(format!("... and {} more", total - MAX_LISTED));
-        }
-        return Err(Error::WeightMismatch {
-            path: shown,
-            problems,
-        });
+    if problems.is_empty() {
+        Ok(found.into_iter().map(|(k, (_, v))| (k, v)).collect())
+    } else {
+        Err(problems)
     }
-    for (name, tensor) in params.iter() {
-        let (_, view) = &found[name];
-        tensor.copy_from_slice(&to_f32(view))?;
-    }
-    Ok(())
 }
 
 /// An f32 tensor read back from the GPU, as safetensors serializes it.

@@ -175,7 +175,9 @@ fn prefixed_names_tied_head_mask_buffers_and_half_dtypes_load() {
             };
         }
     }
-    tensors.push(("lm_head.weight".into(), f32_raw(&[50, 16], &[0.0; 800])));
+    // A tied head: the embedding's values (here in f32 beside wte's f16).
+    let wte: Vec<f32> = (0..800).map(|i| (i % 17) as f32 * 0.25 - 2.0).collect();
+    tensors.push(("lm_head.weight".into(), f32_raw(&[50, 16], &wte)));
     for i in 0..2 {
         let mask = vec![1.0; 64];
         tensors.push((
@@ -204,6 +206,23 @@ fn prefixed_names_tied_head_mask_buffers_and_half_dtypes_load() {
         .to_vec()
         .expect("reading");
     assert!(ln.iter().all(|&x| x == 0.5));
+}
+
+#[test]
+fn an_untied_lm_head_is_an_error() {
+    let scratch = ScratchDir::new("st-untied");
+    let path = scratch.path().join(WEIGHTS_FILE);
+    let config = small();
+    let mut tensors = all_tensors(&config, "", 0.5);
+    let mut head = vec![0.5; 800];
+    head[123] = 0.25;
+    tensors.push(("lm_head.weight".into(), f32_raw(&[50, 16], &head)));
+    write_st(&path, tensors);
+    let err = load_err(&config, &path);
+    assert!(
+        err.contains("`lm_head.weight` differs from `wte.weight`"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -238,7 +257,7 @@ fn missing_misshaped_unknown_and_untyped_tensors_are_listed_together() {
         "`h.0.attn.c_attn.weight`: config.json gives shape [16, 48], the file holds [16, 32]",
         "unexpected tensor `h.0.attn.rotary.weight` [2]",
         "`ln_f.bias` [16]: dtype I32",
-        "`lm_head.weight` [49, 16] cannot be tied",
+        "`lm_head.weight` [49, 16] F32 cannot be tied",
     ] {
         assert!(err.contains(needle), "`{needle}` not in:\n{err}");
     }
