@@ -89,4 +89,39 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// A model file (config.json, a safetensors header, a checkpoint) that cannot be used as is.
+    #[error("{path}: {reason}")]
+    ModelFile { path: String, reason: String },
+
+    /// Weights that do not match the model the config describes: every missing, unexpected,
+    /// misshaped or unconvertible tensor, one line each.
+    #[error("{path}: the weights do not match config.json:\n  {}", problems.join("\n  "))]
+    WeightMismatch { path: String, problems: Vec<String> },
+
+    #[error("tokenizer {path}: {reason}")]
+    Tokenizer { path: String, reason: String },
+
+    #[error("{path}: not UTF-8 text: byte 0x{byte:02x} at offset {offset} (line {line})")]
+    NotUtf8 {
+        path: String,
+        offset: usize,
+        byte: u8,
+        line: usize,
+    },
+
+    #[error("{path}: {reason}")]
+    Dataset { path: String, reason: String },
+
+    #[error(
+        "{path}: the {part} part holds {tokens} tokens, shorter than one sequence of {needed} \
+         tokens (T + 1 with T = {seq_len})"
+    )]
+    DataTooShort {
+        path: String,
+        part: &'static str,
+        tokens: usize,
+        needed: usize,
+        seq_len: usize,
+    },
 }

@@ -10,6 +10,7 @@ pub mod error;
 pub mod graph;
 pub mod kernels;
 pub mod memory;
+pub mod model;
 pub mod nn;
 pub mod ops;
 pub mod optim;
