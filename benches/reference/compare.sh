@@ -9,11 +9,11 @@ OUT=${OUT:-/tmp}
 : > "$OUT/wgrad_steps.jsonl"
 for s in ${SHAPES//,/ }; do
   b=${s%x*}; t=${s#*x}
-  "$WGRAD" bench step --preset distilgpt2 --batch "$b" --seq "$t" --steps 20 --warmup 5 --json \
+  "$WGRAD" bench step --preset distilgpt2 --batch "$b" --seq "$t" --steps "${STEPS:-20}" --warmup "${WARMUP:-5}" --json \
     | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' >> "$OUT/wgrad_steps.jsonl" \
     || echo "{\"engine\": \"wgrad\", \"batch\": $b, \"seq\": $t, \"error\": \"failed\"}" >> "$OUT/wgrad_steps.jsonl"
 done
-python3 benches/reference/torch_gpt2.py --shapes "$SHAPES" > "$OUT/torch_steps.jsonl"
+python3 benches/reference/torch_gpt2.py --shapes "$SHAPES" --steps "${STEPS:-20}" --warmup "${WARMUP:-5}" > "$OUT/torch_steps.jsonl"
 python3 - "$OUT/wgrad_steps.jsonl" "$OUT/torch_steps.jsonl" <<'PY'
 import json, sys
 w = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
