@@ -93,8 +93,15 @@ impl Tile {
 }
 
 /// The tiles the engine chooses among (each 256 lanes, at most 8 KiB of workgroup memory,
-/// under WebGPU's 16 KiB default).
-pub const TILES: [Tile; 3] = [
+/// under WebGPU's 16 KiB default), largest first.
+pub const TILES: [Tile; 4] = [
+    Tile {
+        bm: 128,
+        bn: 128,
+        bk: 8,
+        tm: 8,
+        tn: 8,
+    },
     Tile {
         bm: 64,
         bn: 64,
@@ -121,6 +128,9 @@ pub const TILES: [Tile; 3] = [
 /// The tile for an (M, N) output of `batch` matrices: the largest one that still gives the
 /// GPU enough workgroups (at least 64) to spread over its cores.
 pub fn choose_tile(m: usize, n: usize, batch: usize) -> Tile {
+    if let Some(t) = forced_tile() {
+        return t;
+    }
     let groups = |t: &Tile| m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize) * batch;
     for t in &TILES[..TILES.len() - 1] {
         if groups(t) >= 64 && m >= t.bm as usize / 2 && n >= t.bn as usize / 2 {
@@ -128,6 +138,16 @@ pub fn choose_tile(m: usize, n: usize, batch: usize) -> Tile {
         }
     }
     TILES[TILES.len() - 1]
+}
+
+/// A tile forced by `WGRAD_MATMUL_TILE` (a name as `Tile::name` prints it, e.g. `64x64x16/4x4`),
+/// for measuring tiles against each other.
+fn forced_tile() -> Option<Tile> {
+    static FORCED: std::sync::OnceLock<Option<Tile>> = std::sync::OnceLock::new();
+    *FORCED.get_or_init(|| {
+        let name = std::env::var("WGRAD_MATMUL_TILE").ok()?;
+        TILES.iter().copied().find(|t| t.name() == name)
+    })
 }
 
 /// `acc`: add the product into C (gradient accumulation) instead of overwriting it.

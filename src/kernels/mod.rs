@@ -171,6 +171,8 @@ pub struct PipelineStats {
 
 pub struct PipelineCache {
     subgroups: bool,
+    /// Whether naga's runtime bounds checks stay in (WGRAD_SHADER_CHECKS=1).
+    checked: bool,
     max_groups: u32,
     pipelines: HashMap<(usize, Spec), Arc<Pipeline>>,
     layouts: HashMap<(&'static [Access], u64), Arc<BindLayout>>,
@@ -182,6 +184,7 @@ impl PipelineCache {
     pub fn new(subgroups: bool, max_groups: u32) -> PipelineCache {
         PipelineCache {
             subgroups,
+            checked: std::env::var("WGRAD_SHADER_CHECKS").is_ok_and(|v| v == "1"),
             max_groups,
             pipelines: HashMap::new(),
             layouts: HashMap::new(),
@@ -208,10 +211,20 @@ impl PipelineCache {
         let layout = self.layout(device, kernel);
         let source = compose_source(kernel.family, spec, self.subgroups);
         let label = kernel.name;
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        };
+        let module = if self.checked {
+            device.create_shader_module(desc)
+        } else {
+            // SAFETY: every kernel bounds-checks its own indices against its params (element
+            // counts, shapes, tile edges; tested at odd sizes with poisoned outputs), so naga's
+            // per-access clamping is redundant work in the inner loops.
+            unsafe {
+                device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        };
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
             layout: Some(&layout.pipeline_layout),
