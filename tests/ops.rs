@@ -994,12 +994,7 @@ fn matmul_transposed_operands() {
 fn matmul_every_tile_size() {
     let mut rng = rng("matmul tiles");
     // Shapes for which choose_tile picks each tile, so each kernel variant runs at odd sizes.
-    let shapes = [
-        (1030, 37, 1025),
-        (520, 17, 513),
-        (257, 31, 260),
-        (65, 63, 17),
-    ];
+    let shapes = [(520, 17, 513), (257, 31, 260), (65, 63, 17)];
     for (tile, s) in TILES.iter().zip(shapes) {
         assert_eq!(
             choose_tile(s.0, s.2, 1),
@@ -1016,12 +1011,7 @@ fn matmul_every_tile_size_batched() {
     let d = dev();
     let mut rng = rng("matmul tiles batched");
     // (batch, m, k, n): batches large enough for each tile; B broadcast over the batch.
-    let shapes = [
-        (8, 260, 11, 270),
-        (16, 70, 19, 66),
-        (8, 40, 23, 97),
-        (3, 13, 9, 11),
-    ];
+    let shapes = [(16, 70, 19, 66), (8, 40, 23, 97), (3, 13, 9, 11)];
     for (tile, (bt, m, k, n)) in TILES.iter().zip(shapes) {
         assert_eq!(
             choose_tile(m, n, bt),

@@ -94,14 +94,9 @@ impl Tile {
 
 /// The tiles the engine chooses among (each 256 lanes, at most 8 KiB of workgroup memory,
 /// under WebGPU's 16 KiB default), largest first.
-pub const TILES: [Tile; 4] = [
-    Tile {
-        bm: 128,
-        bn: 128,
-        bk: 8,
-        tm: 8,
-        tn: 8,
-    },
+/// (128x128x8/8x8 was measured and lost to 64x64x16/4x4 on an H200: 2.2 against 3.2 TFLOP/s at
+/// 4096^3, 2026-11-22, PROFILING.md.)
+pub const TILES: [Tile; 3] = [
     Tile {
         bm: 64,
         bn: 64,
