@@ -769,7 +769,7 @@ fn check_mean_all_sizes(d: &Device, tag: &str, sizes: &[usize]) {
         let got = a.upload(d).mean_all().unwrap().item().unwrap();
         let want = a.mean_all();
         let err = (got as f64 - want).abs() / want.abs().max(1.0);
-        if !(err <= TOL) {
+        if err.is_nan() || err > TOL {
             failures.push(format!(
                 "n={n}: got {got}, want {want} (sum {})",
                 a.sum_all()

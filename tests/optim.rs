@@ -61,7 +61,7 @@ fn run(clip: Option<f32>) -> Result<()> {
         params.get(&s.name).unwrap().copy_from_slice(&values)?;
         init.extend(values.iter().map(|&v| v as f64));
         coef.push(rand_vec(&mut r, n, -2.0, 2.0));
-        decay.extend(std::iter::repeat(s.decay).take(n));
+        decay.extend(std::iter::repeat_n(s.decay, n));
     }
     let config = AdamWConfig {
         betas: (0.9, 0.95),

@@ -113,8 +113,8 @@ impl BackwardCtx<'_> {
     /// passed through): kept without a copy where nothing else will write into it.
     pub(crate) fn put(&mut self, i: usize, t: Tensor) -> Result<()> {
         if let Some(Meta::Node(node)) = meta(&self.inputs[i]) {
-            if !self.store.grads.contains_key(&node.id) {
-                self.store.grads.insert(node.id, (t, false));
+            if let std::collections::hash_map::Entry::Vacant(e) = self.store.grads.entry(node.id) {
+                e.insert((t, false));
                 return Ok(());
             }
         }

@@ -74,7 +74,7 @@ pub fn check(
             }
         }
     }
-    if !(worst.error <= tol) {
+    if worst.error.is_nan() || worst.error > tol {
         return Err(Error::InvalidArgument {
             op: "gradcheck",
             reason: format!(

@@ -30,7 +30,7 @@ fn default_init_range() -> f32 {
 impl Gpt2Config {
     /// Checks what the model relies on.
     pub fn validate(&self) -> Result<()> {
-        if self.n_head == 0 || self.n_embd % self.n_head != 0 {
+        if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
             return Err(Error::InvalidArgument {
                 op: "gpt2 config",
                 reason: format!(

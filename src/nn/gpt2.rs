@@ -107,7 +107,7 @@ impl Gpt2 {
         let p = |s: &str| self.p(&format!("h.{i}.{s}"));
         let eps = cfg.layer_norm_epsilon;
 
-        let a = self.layer_norm(&x, p("ln_1.weight")?, p("ln_1.bias")?, eps)?;
+        let a = self.layer_norm(x, p("ln_1.weight")?, p("ln_1.bias")?, eps)?;
         let qkv = self.linear(
             &a,
             p("attn.c_attn.weight")?,

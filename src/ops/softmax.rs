@@ -64,7 +64,7 @@ impl Tensor {
         }
         let x = self.contiguous()?;
         let cols = *x.shape().last().expect("rank checked above");
-        let rows = if cols == 0 { 0 } else { x.numel() / cols };
+        let rows = x.numel().checked_div(cols).unwrap_or(0);
         let out = Tensor::uninit(x.device(), x.shape(), DType::F32, op)?;
         if rows == 0 {
             return Ok(out);
