@@ -46,8 +46,12 @@ const ROW_LANES: u32 = BM / TM;
 const COL_LANES: u32 = BN / TN;
 const WG: u32 = ROW_LANES * COL_LANES;
 
-var<workgroup> a_tile: array<f32, BK * BM>; // [k][m]
-var<workgroup> b_tile: array<f32, BK * BN>; // [k][n]
+// Tiles in workgroup memory, [k][m] and [k][n], each row padded by one word so that lanes
+// storing consecutive k (a row-major A read along k) land in different banks.
+const A_ROW: u32 = BM + 1u;
+const B_ROW: u32 = BN + 1u;
+var<workgroup> a_tile: array<f32, BK * A_ROW>;
+var<workgroup> b_tile: array<f32, BK * B_ROW>;
 
 // The (TM x TN) block of A @ B this lane owns, for the workgroup's tile.
 fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
@@ -67,37 +71,48 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
     var b_reg: array<f32, TN>;
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // Stage A: consecutive lanes take consecutive k (coalesced for row-major A).
+        // Stage A: consecutive lanes walk A's unit-stride dim (k for a row-major A, m for a
+        // transposed view), so global reads coalesce either way.
+        let a_m_fast = p.a_ms == 1u && p.a_ks != 1u;
         for (var e = lid; e < BM * BK; e += WG) {
-            let mm = e / BK;
-            let kk = e % BK;
+            var mm = e / BK;
+            var kk = e % BK;
+            if (a_m_fast) {
+                mm = e % BM;
+                kk = e / BM;
+            }
             let gm = row0 + mm;
             let gk = k0 + kk;
             var v = 0.0;
             if (gm < p.m && gk < p.k) {
                 v = a[a_base + gm * p.a_ms + gk * p.a_ks];
             }
-            a_tile[kk * BM + mm] = v;
+            a_tile[kk * A_ROW + mm] = v;
         }
-        // Stage B: consecutive lanes take consecutive n (coalesced for row-major B).
+        // Stage B: likewise along n for a row-major B, along k for a transposed view.
+        let b_k_fast = p.b_ks == 1u && p.b_ns != 1u;
         for (var e = lid; e < BK * BN; e += WG) {
-            let kk = e / BN;
-            let nn = e % BN;
+            var kk = e / BN;
+            var nn = e % BN;
+            if (b_k_fast) {
+                kk = e % BK;
+                nn = e / BK;
+            }
             let gk = k0 + kk;
             let gn = col0 + nn;
             var v = 0.0;
             if (gk < p.k && gn < p.n) {
                 v = b[b_base + gk * p.b_ks + gn * p.b_ns];
             }
-            b_tile[kk * BN + nn] = v;
+            b_tile[kk * B_ROW + nn] = v;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
             for (var i = 0u; i < TM; i++) {
-                a_reg[i] = a_tile[kk * BM + tr + i * ROW_LANES];
+                a_reg[i] = a_tile[kk * A_ROW + tr + i * ROW_LANES];
             }
             for (var j = 0u; j < TN; j++) {
-                b_reg[j] = b_tile[kk * BN + tc + j * COL_LANES];
+                b_reg[j] = b_tile[kk * B_ROW + tc + j * COL_LANES];
             }
             for (var i = 0u; i < TM; i++) {
                 for (var j = 0u; j < TN; j++) {

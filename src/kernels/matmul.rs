@@ -79,9 +79,9 @@ impl Tile {
         (self.bm / self.tm) * (self.bn / self.tn)
     }
 
-    /// Workgroup memory the tile stages per step of K.
+    /// Workgroup memory the tile stages per step of K (rows padded by one word).
     pub const fn workgroup_bytes(&self) -> u32 {
-        4 * self.bk * (self.bm + self.bn)
+        4 * self.bk * (self.bm + 1 + self.bn + 1)
     }
 
     pub fn name(&self) -> String {
