@@ -91,26 +91,7 @@ impl Tensor {
                 reason: format!("the target view {:?} is not contiguous", self.shape()),
             });
         }
-        let numel = self.numel() as u64;
-        let params = RandomParams {
-            numel: numel as u32,
-            seed_lo: seed as u32,
-            seed_hi: (seed >> 32) as u32,
-            counter: 0,
-            a: mean,
-            b: std,
-            out_offset: self.layout().offset as u32,
-            _pad: 0,
-        };
-        let dev = self.device();
-        let groups = dev.grid(numel.div_ceil(random::WORKGROUP));
-        dev.record(
-            &random::RANDOM,
-            &random::spec(Distribution::Normal),
-            &params,
-            &[self.storage()],
-            groups,
-        );
+        self.draw_(Distribution::Normal, mean, std, seed);
         Ok(())
     }
 
@@ -173,6 +154,31 @@ impl Tensor {
         Tensor::random(device, shape, Distribution::Normal, mean, std, seed)
     }
 
+    /// Overwrites this contiguous f32 view with draws from `dist` (parameters a, b): element i
+    /// of the view is a pure function of (seed, i).
+    fn draw_(&self, dist: Distribution, a: f32, b: f32, seed: u64) {
+        let numel = self.numel() as u64;
+        let params = RandomParams {
+            numel: numel as u32,
+            seed_lo: seed as u32,
+            seed_hi: (seed >> 32) as u32,
+            counter: 0,
+            a,
+            b,
+            out_offset: self.layout().offset as u32,
+            _pad: 0,
+        };
+        let dev = self.device();
+        let groups = dev.grid(numel.div_ceil(random::WORKGROUP));
+        dev.record(
+            &random::RANDOM,
+            &random::spec(dist),
+            &params,
+            &[self.storage()],
+            groups,
+        );
+    }
+
     fn random(
         device: &Device,
         shape: &[usize],
@@ -182,25 +188,7 @@ impl Tensor {
         seed: u64,
     ) -> Result<Tensor> {
         let t = Tensor::uninit(device, shape, DType::F32, "random")?;
-        let numel = t.numel() as u64;
-        let params = RandomParams {
-            numel: numel as u32,
-            seed_lo: seed as u32,
-            seed_hi: (seed >> 32) as u32,
-            counter: 0,
-            a,
-            b,
-            out_offset: 0,
-            _pad: 0,
-        };
-        let groups = device.grid(numel.div_ceil(random::WORKGROUP));
-        device.record(
-            &random::RANDOM,
-            &random::spec(dist),
-            &params,
-            &[t.storage()],
-            groups,
-        );
+        t.draw_(dist, a, b, seed);
         Ok(t)
     }
 
