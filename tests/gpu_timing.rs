@@ -44,3 +44,25 @@ fn every_dispatch_gets_an_interval_named_by_its_kernel() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn without_timestamps_inside_passes_each_pass_is_timed() -> Result<()> {
+    let dev = Device::with_options(&wgrad::DeviceOptions {
+        disable: wgrad::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
+        ..Default::default()
+    })?;
+    assert_eq!(dev.set_gpu_timing(true), Some(TimingMode::PerPass));
+    let x = Tensor::rand_uniform(&dev, &[32, 32], -1.0, 1.0, 1)?;
+    x.matmul(&x)?.sum_all()?.item()?;
+    let c = dev.counters();
+    let intervals = dev.take_gpu_intervals()?;
+    assert_eq!(
+        intervals.len() as u64,
+        c.compute_passes,
+        "one interval per compute pass"
+    );
+    assert!(intervals
+        .iter()
+        .all(|i| i.label == "compute pass" && i.end_ns >= i.start_ns));
+    Ok(())
+}
