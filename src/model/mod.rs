@@ -11,15 +11,18 @@
 //! | `atomic.rs` | writes that are never seen half-done: temporary name, then rename |
 //! | `data.rs` | a text file as token ids: read, tokenize once, cache, split |
 //! | `batches.rs` | (B, T+1) batches from a token split, seeded, with a resumable position |
+//! | `checkpoint.rs` | a model directory plus the training state a resumed run needs |
 
 mod atomic;
 mod batches;
+mod checkpoint;
 mod data;
 mod hf_config;
 mod safetensors_io;
 mod tokenizer;
 
 pub use batches::{Batch, BatchSampler, DataPosition};
+pub use checkpoint::{read_train_state, save_checkpoint, SavedState, TrainState, STATE_FILE};
 pub use data::{TokenDataset, DEFAULT_HELD_OUT};
 pub use hf_config::HfConfig;
 pub use safetensors_io::{load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE};
