@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use wgrad::model::{generate, Sampling};
+use wgrad::model::{check_request, generate, Sampling};
 use wgrad::session::load_model;
 use wgrad::{Device, Error, Result};
 
@@ -51,6 +51,7 @@ pub fn run(args: &Args) -> Result<()> {
         top_p: args.top_p,
         seed: args.seed,
     };
+    check_request(&model, prompt.len(), args.max_tokens, &sampling)?;
     let start = Instant::now();
     let mut out = std::io::stdout().lock();
     let io = |source| Error::Io {

@@ -261,24 +261,25 @@ impl Progress {
 
     fn finish(&self) {
         if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
+            bar.finish();
         }
     }
 }
 
 fn print_summary(s: &RunSummary, to_stderr: bool) {
-    let wall = s.wall.as_secs_f64();
+    let train = s.train_time.as_secs_f64();
+    let steps = s.last_step + 1 - s.first_step;
     let mut lines = vec![
         format!(
             "trained steps {}..{}: loss {:.4} -> {:.4}",
             s.first_step, s.last_step, s.first_loss, s.final_loss
         ),
         format!(
-            "{} tokens in {:.1} s ({:.0} tokens/s, {:.0} ms/step)",
+            "{} tokens in {train:.1} s of steps ({:.0} tokens/s, {:.0} ms/step); {:.1} s in all",
             s.tokens,
-            wall,
-            s.tokens as f64 / wall,
-            wall * 1e3 / (s.last_step + 1 - s.first_step) as f64
+            s.tokens as f64 / train,
+            train * 1e3 / steps as f64,
+            s.wall.as_secs_f64()
         ),
     ];
     if let Some(e) = s.eval_loss {

@@ -300,6 +300,35 @@ fn choose(logits: &[f32], s: &Sampling, rng: &mut SplitMix64) -> u32 {
     order[kept - 1]
 }
 
+/// The errors `generate` would return for these arguments, before any work: an empty prompt,
+/// a prompt plus new tokens past the model's positions, bad sampling settings.
+pub fn check_request(
+    model: &Gpt2,
+    prompt_len: usize,
+    max_new: usize,
+    sampling: &Sampling,
+) -> Result<()> {
+    sampling.check()?;
+    let n_pos = model.config.n_positions;
+    if prompt_len == 0 {
+        return Err(Error::InvalidArgument {
+            op: "generate",
+            reason: "the prompt holds no token".into(),
+        });
+    }
+    if prompt_len + max_new > n_pos {
+        return Err(Error::InvalidArgument {
+            op: "generate",
+            reason: format!(
+                "the prompt's {prompt_len} tokens plus {max_new} new ones exceed the model's \
+                 {n_pos} positions (ask for {} new tokens at most)",
+                n_pos.saturating_sub(prompt_len)
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// Generates up to `max_new` tokens after `prompt` (one sequence), calling `on_token` with each
 /// as it comes; stops early at `stop` (the end-of-text token) when given. An empty prompt is an
 /// error (start it with the end-of-text token, as GPT-2 was trained).
@@ -311,25 +340,7 @@ pub fn generate(
     stop: Option<u32>,
     mut on_token: impl FnMut(u32) -> Result<()>,
 ) -> Result<Vec<u32>> {
-    sampling.check()?;
-    let n_pos = model.config.n_positions;
-    if prompt.is_empty() {
-        return Err(Error::InvalidArgument {
-            op: "generate",
-            reason: "the prompt holds no token".into(),
-        });
-    }
-    if prompt.len() + max_new > n_pos {
-        return Err(Error::InvalidArgument {
-            op: "generate",
-            reason: format!(
-                "the prompt's {} tokens plus {max_new} new ones exceed the model's {n_pos} \
-                 positions (ask for {} new tokens at most)",
-                prompt.len(),
-                n_pos.saturating_sub(prompt.len())
-            ),
-        });
-    }
+    check_request(model, prompt.len(), max_new, sampling)?;
     let mut gen = Generator::new(model, 1)?;
     let mut rng = SplitMix64(sampling.seed);
     let mut out = Vec::with_capacity(max_new);

@@ -30,7 +30,7 @@ pub use checkpoint::{read_train_state, save_checkpoint, SavedState, TrainState, 
 pub use data::{TokenDataset, DEFAULT_HELD_OUT};
 pub(crate) use eval::mean_loss;
 pub use eval::{eval_batch_size, evaluate, evaluate_text, EvalReport};
-pub use generate::{generate, Generator, KvCache, Sampling};
+pub use generate::{check_request, generate, Generator, KvCache, Sampling};
 pub use hf_config::HfConfig;
 pub use safetensors_io::{load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE};
 pub use tokenizer::Tokenizer;

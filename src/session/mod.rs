@@ -87,6 +87,9 @@ pub struct RunSummary {
     pub eval_loss: Option<f32>,
     /// Tokens trained on in this run.
     pub tokens: usize,
+    /// Time spent in training steps (evaluations and saves excluded).
+    pub train_time: Duration,
+    /// The whole run.
     pub wall: Duration,
     pub saved: Option<PathBuf>,
 }
@@ -346,6 +349,7 @@ impl TrainSession {
             final_loss: f32::NAN,
             eval_loss: None,
             tokens: 0,
+            train_time: Duration::ZERO,
             wall: Duration::ZERO,
             saved: None,
         };
@@ -368,6 +372,7 @@ impl TrainSession {
             }
             let losses = ring.narrow(0, 0, pending)?.to_vec()?;
             let elapsed = group_start.elapsed();
+            summary.train_time += elapsed;
             let ms = elapsed.as_secs_f64() * 1e3 / pending as f64;
             read_every =
                 ((READ_BACK_INTERVAL.as_secs_f64() * 1e3 / ms) as usize).clamp(1, LOSS_RING);
