@@ -15,6 +15,7 @@ pub mod nn;
 pub mod ops;
 pub mod optim;
 pub mod profile;
+pub mod session;
 pub mod train;
 
 pub use autograd::no_grad;

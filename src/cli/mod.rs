@@ -2,9 +2,12 @@
 
 mod bench_ops;
 mod bench_step;
+mod eval;
+mod generate;
 mod info;
 mod profile;
 mod setup;
+mod train;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +24,13 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Train a GPT-2 (the tiny preset on the bundled corpus by default): progress bar, held-out
+    /// evaluations, checkpoints, a summary.
+    Train(train::Args),
+    /// The next-token loss and perplexity of a model directory over a text file.
+    Eval(eval::Args),
+    /// Continue a prompt with a model directory (KV cache; temperature, top-k, top-p).
+    Generate(generate::Args),
     /// Print the adapter, backend, driver, features, limits and cooperative-matrix shapes.
     Info {
         /// One JSON object instead of a table.
@@ -46,6 +56,9 @@ enum BenchCommand {
 
 pub fn run(cli: Cli) -> wgrad::Result<()> {
     match cli.command {
+        Command::Train(args) => train::run(&args),
+        Command::Eval(args) => eval::run(&args),
+        Command::Generate(args) => generate::run(&args),
         Command::Info { json } => info::run(json),
         Command::Profile(args) => profile::run(&args),
         Command::Bench { which } => match which {

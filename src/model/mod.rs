@@ -11,16 +11,26 @@
 //! | `atomic.rs` | writes that are never seen half-done: temporary name, then rename |
 //! | `data.rs` | a text file as token ids: read, tokenize once, cache, split |
 //! | `batches.rs` | (B, T+1) batches from a token split, seeded, with a resumable position |
+//! | `checkpoint.rs` | a model directory plus the training state a resumed run needs |
+//! | `eval.rs` | next-token loss and perplexity over a token sequence, in chunks |
+//! | `generate.rs` | text generation with a KV cache; temperature, top-k, top-p sampling |
 
 mod atomic;
 mod batches;
+mod checkpoint;
 mod data;
+mod eval;
+mod generate;
 mod hf_config;
 mod safetensors_io;
 mod tokenizer;
 
 pub use batches::{Batch, BatchSampler, DataPosition};
+pub use checkpoint::{read_train_state, save_checkpoint, SavedState, TrainState, STATE_FILE};
 pub use data::{TokenDataset, DEFAULT_HELD_OUT};
+pub(crate) use eval::mean_loss;
+pub use eval::{eval_batch_size, evaluate, evaluate_text, EvalReport};
+pub use generate::{check_request, generate, Generator, KvCache, Sampling};
 pub use hf_config::HfConfig;
 pub use safetensors_io::{load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE};
 pub use tokenizer::Tokenizer;

@@ -81,6 +81,34 @@ impl AdamW {
         self.step
     }
 
+    /// The (m, v) moments per parameter chunk, each shaped like its chunk (checkpoints save
+    /// them).
+    pub(crate) fn moments(&self) -> &[(Tensor, Tensor)] {
+        &self.moments
+    }
+
+    /// Restores the moments and the step count a checkpoint saved (the bias corrections
+    /// continue from `steps`). The moments must match this optimizer's chunk sizes.
+    pub(crate) fn restore(&mut self, moments: &[(Vec<f32>, Vec<f32>)], steps: u64) -> Result<()> {
+        let built: Vec<usize> = self.moments.iter().map(|(m, _)| m.numel()).collect();
+        let given: Vec<usize> = moments.iter().map(|(m, _)| m.len()).collect();
+        let v_ok = moments.iter().all(|(m, v)| m.len() == v.len());
+        if built != given || !v_ok {
+            return Err(Error::InvalidArgument {
+                op: "AdamW restore",
+                reason: format!(
+                    "the optimizer has chunks of {built:?} elements, the saved moments {given:?}"
+                ),
+            });
+        }
+        for ((m, v), (hm, hv)) in self.moments.iter().zip(moments) {
+            m.copy_from_slice(hm)?;
+            v.copy_from_slice(hv)?;
+        }
+        self.step = steps;
+        Ok(())
+    }
+
     /// The squared global gradient norm the last step computed (before clipping), on the GPU;
     /// only filled when clipping is on.
     pub fn grad_norm_sq(&self) -> &Tensor {

@@ -1,0 +1,48 @@
+//! `wgrad eval`: the mean next-token loss and perplexity of a model directory over a text file
+//! cut into consecutive chunks of --seq tokens. Prints one line, or `--json`.
+
+use std::path::PathBuf;
+
+use wgrad::model::evaluate_text;
+use wgrad::session::load_model;
+use wgrad::{Device, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer).
+    #[arg(long)]
+    model: PathBuf,
+    /// The UTF-8 text to score.
+    #[arg(long)]
+    text: PathBuf,
+    /// Tokens per chunk [default: the model's n_positions].
+    #[arg(long)]
+    seq: Option<usize>,
+    /// One JSON object: loss, perplexity, tokens, sequences.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let dev = Device::new()?;
+    let (_, model, tokenizer) = load_model(&dev, &args.model)?;
+    let seq = args.seq.unwrap_or(model.config.n_positions);
+    let report = evaluate_text(&model, &tokenizer, &args.text, seq)?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).expect("the report serializes")
+        );
+    } else {
+        println!(
+            "loss {:.4}, perplexity {:.2} over {} sequences of {seq} tokens ({} tokens, {} \
+             predictions)",
+            report.loss,
+            report.perplexity,
+            report.sequences,
+            report.tokens,
+            report.sequences * (seq - 1)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,96 @@
+//! `wgrad generate`: continues a prompt with a model directory, one position per new token
+//! through the KV cache, printing the text as it comes; a timing line goes to stderr.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use wgrad::model::{check_request, generate, Sampling};
+use wgrad::session::load_model;
+use wgrad::{Device, Error, Result};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// A Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer).
+    #[arg(long)]
+    model: PathBuf,
+    /// The text to continue (empty: start from <|endoftext|>).
+    #[arg(long, default_value = "")]
+    prompt: String,
+    /// New tokens at most (prompt + new tokens must fit the model's positions).
+    #[arg(long, default_value_t = 50)]
+    max_tokens: usize,
+    /// 0: greedy; otherwise the logits are divided by it before sampling.
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Sample among the K most likely tokens only (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Sample within the smallest set of tokens whose probabilities reach P.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+pub fn run(args: &Args) -> Result<()> {
+    let dev = Device::new()?;
+    let (_, model, tokenizer) = load_model(&dev, &args.model)?;
+    let eot = tokenizer.end_of_text();
+    let mut prompt = tokenizer.encode(&args.prompt)?;
+    let shown_prompt = prompt.len();
+    if prompt.is_empty() {
+        prompt.push(eot.ok_or_else(|| Error::InvalidArgument {
+            op: "--prompt",
+            reason: "an empty prompt starts from <|endoftext|>, which this tokenizer lacks".into(),
+        })?);
+    }
+    let sampling = Sampling {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
+    };
+    check_request(&model, prompt.len(), args.max_tokens, &sampling)?;
+    let start = Instant::now();
+    let mut out = std::io::stdout().lock();
+    let io = |source| Error::Io {
+        path: "stdout".into(),
+        source,
+    };
+    write!(out, "{}", args.prompt).map_err(io)?;
+    out.flush().map_err(io)?;
+    // Decoded text so far; print what a new token adds once it decodes to whole characters
+    // (byte-level BPE may split one character over tokens).
+    let mut ids: Vec<u32> = Vec::new();
+    let mut printed = 0;
+    let new = generate(&model, &prompt, args.max_tokens, &sampling, eot, |id| {
+        if Some(id) == eot {
+            return Ok(());
+        }
+        ids.push(id);
+        let text = tokenizer.decode(&ids)?;
+        if !text.ends_with('\u{FFFD}') {
+            write!(out, "{}", &text[printed..]).map_err(io)?;
+            out.flush().map_err(io)?;
+            printed = text.len();
+        }
+        Ok(())
+    })?;
+    let text = tokenizer.decode(&ids)?;
+    writeln!(out, "{}", &text[printed.min(text.len())..]).map_err(io)?;
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{} new tokens after a prompt of {} in {:.2} s ({:.1} ms/token{})",
+        new.len(),
+        shown_prompt,
+        secs,
+        secs * 1e3 / new.len().max(1) as f64,
+        if new.last() == eot.as_ref() {
+            ", stopped at <|endoftext|>"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}

@@ -1,0 +1,428 @@
+//! A training run as `wgrad train` runs it: a GPT-2 (a preset with fresh weights, or a model
+//! directory), a text file as seeded batches, `Trainer` steps, held-out evaluation, and
+//! checkpoints that a resumed run continues exactly from.
+//!
+//! The host reads the losses late: each step's loss is copied into a small ring on the GPU and
+//! the step is submitted at once; the ring is read back once per about `READ_BACK_INTERVAL` of
+//! steps (every step when one step takes longer), and at evaluations, saves and the last step.
+//! Between two read-backs the host records step N+1 while the GPU runs step N.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::graph::{Device, Tensor};
+use crate::model::{
+    eval_batch_size, load_pretrained, mean_loss, read_train_state, save_checkpoint, BatchSampler,
+    EvalReport, HfConfig, TokenDataset, Tokenizer, TrainState,
+};
+use crate::nn::{Gpt2, Kernels};
+use crate::ops::{launch_copy, Out};
+use crate::optim::{AdamWConfig, LrSchedule};
+use crate::train::Trainer;
+
+mod options;
+
+pub(crate) use options::check_options;
+pub use options::{
+    default_data, models_dir, preset_dir, ModelSource, OptionFlags, Schedule, TrainOptions, PRESETS,
+};
+
+/// A Hugging Face GPT-2 directory on `device`: its config (checked against the weights), the
+/// model and its tokenizer.
+pub fn load_model(device: &Device, dir: &Path) -> Result<(HfConfig, Gpt2, Tokenizer)> {
+    let (config, params) = load_pretrained(device, dir)?;
+    let tokenizer = Tokenizer::for_model(dir, &config)?;
+    let model = Gpt2 {
+        config: config.gpt2.clone(),
+        params,
+        kernels: Kernels::Fused,
+    };
+    Ok((config, model, tokenizer))
+}
+
+/// What a run does besides training: evaluate, save.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunControl {
+    /// Held-out evaluation every this many steps and at the last step (0: never).
+    pub eval_every: usize,
+    /// A checkpoint into `out` every this many steps (0: only at the end).
+    pub save_every: usize,
+    /// Where checkpoints go (None: nothing is saved).
+    pub out: Option<PathBuf>,
+}
+
+/// One optimizer step, as the host saw it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct StepReport {
+    /// Steps taken, this one included (1-based).
+    pub step: usize,
+    /// The mean loss over the step's micro-batches.
+    pub loss: f32,
+    /// Wall time per step, averaged over the steps between two read-backs.
+    pub ms: f64,
+    pub tokens_per_s: f64,
+    /// The held-out loss after this step, on evaluation steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_loss: Option<f32>,
+}
+
+/// What a run reports as it goes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Step(StepReport),
+    Saved { step: usize, dir: PathBuf },
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunSummary {
+    pub first_step: usize,
+    pub last_step: usize,
+    pub first_loss: f32,
+    pub final_loss: f32,
+    /// The last held-out loss, when evaluated.
+    pub eval_loss: Option<f32>,
+    /// Tokens trained on in this run.
+    pub tokens: usize,
+    /// Time spent in training steps (evaluations and saves excluded).
+    pub train_time: Duration,
+    /// The whole run.
+    pub wall: Duration,
+    pub saved: Option<PathBuf>,
+}
+
+/// Read back the losses once per about this much time of steps.
+const READ_BACK_INTERVAL: Duration = Duration::from_millis(500);
+/// Steps whose losses wait on the GPU at most (the ring's slots).
+const LOSS_RING: usize = 16;
+
+/// The hyper-parameters JSON of a checkpoint: the options and which tokens they trained on.
+#[derive(Serialize, Deserialize)]
+struct SavedOptions {
+    options: TrainOptions,
+    /// FNV-1a of the data's token ids (a resumed position is only valid in the same tokens).
+    data_tokens_fnv1a64: String,
+}
+
+pub struct TrainSession {
+    pub options: TrainOptions,
+    pub trainer: Trainer,
+    /// The config saved with each checkpoint (unknown fields of the source kept).
+    pub config: HfConfig,
+    pub tokenizer: Tokenizer,
+    pub data: TokenDataset,
+    sampler: BatchSampler,
+    data_fingerprint: u64,
+}
+
+fn tokens_fingerprint(tokens: &[u32]) -> u64 {
+    crate::model::fnv1a64(crate::model::FNV_OFFSET, bytemuck::cast_slice(tokens))
+}
+
+impl TrainSession {
+    /// A new run: the model (fresh preset weights or a directory's), the data tokenized (or
+    /// read from its cache), the optimizer.
+    pub fn new(device: &Device, options: TrainOptions) -> Result<TrainSession> {
+        let (config, model, tokenizer) = match &options.model {
+            ModelSource::Preset(name) => {
+                let dir = preset_dir(name)?;
+                let config = HfConfig::read(&dir.join("config.json"))?;
+                check_options(&options, config.gpt2.n_positions)?;
+                let tokenizer = Tokenizer::for_model(&dir, &config)?;
+                let model = Gpt2::new(device, config.gpt2.clone(), options.seed)?;
+                (config, model, tokenizer)
+            }
+            ModelSource::Dir(dir) => {
+                let config = HfConfig::read(&dir.join("config.json"))?;
+                check_options(&options, config.gpt2.n_positions)?;
+                load_model(device, dir)?
+            }
+        };
+        let data = TokenDataset::load(&options.data, &tokenizer)?;
+        TrainSession::assemble(options, config, model, tokenizer, data)
+    }
+
+    fn assemble(
+        options: TrainOptions,
+        config: HfConfig,
+        model: Gpt2,
+        tokenizer: Tokenizer,
+        data: TokenDataset,
+    ) -> Result<TrainSession> {
+        let vocab = model.config.vocab_size;
+        if let Some(&bad) = data.tokens().iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Dataset {
+                path: options.data.display().to_string(),
+                reason: format!(
+                    "token id {bad} is outside the model's vocabulary of {vocab} (the tokenizer \
+                     does not belong to this model)"
+                ),
+            });
+        }
+        let sampler = data.train_batches(options.batch, options.seq, options.seed)?;
+        let adamw = AdamWConfig {
+            weight_decay: options.weight_decay,
+            max_grad_norm: (options.grad_clip > 0.0).then_some(options.grad_clip),
+            ..Default::default()
+        };
+        let schedule = match options.schedule {
+            Schedule::Constant => LrSchedule::Constant {
+                warmup: options.warmup,
+            },
+            Schedule::Cosine => LrSchedule::Cosine {
+                warmup: options.warmup,
+                total: options.steps,
+                min_ratio: 0.1,
+            },
+        };
+        let trainer = Trainer::new(model, adamw, options.lr, schedule)?;
+        let data_fingerprint = tokens_fingerprint(data.tokens());
+        Ok(TrainSession {
+            options,
+            trainer,
+            config,
+            tokenizer,
+            data,
+            sampler,
+            data_fingerprint,
+        })
+    }
+
+    /// Continues the run saved in `dir` (by `save`): its weights, optimizer state, step and
+    /// batch position, with its settings (`flags` may move the end or the data's path only).
+    pub fn resume(device: &Device, dir: &Path, flags: &OptionFlags) -> Result<TrainSession> {
+        let saved = read_train_state(dir)?;
+        let meta: SavedOptions = serde_json::from_value(saved.state.hyper_parameters.clone())
+            .map_err(|e| Error::ModelFile {
+                path: dir.display().to_string(),
+                reason: format!("the checkpoint's hyper-parameters: {e}"),
+            })?;
+        let options = flags.resumed_run(&meta.options)?;
+        let step = saved.state.step as usize;
+        if options.steps <= step {
+            return Err(Error::InvalidArgument {
+                op: "--steps",
+                reason: format!(
+                    "the checkpoint is at step {step}: --steps (where the run ends) must be \
+                     larger, it is {}",
+                    options.steps
+                ),
+            });
+        }
+        let config = HfConfig::read(&dir.join("config.json"))?;
+        check_options(&options, config.gpt2.n_positions)?;
+        let tokenizer = Tokenizer::for_model(dir, &config)?;
+        let data = TokenDataset::load(&options.data, &tokenizer)?;
+        let fingerprint = format!("{:016x}", tokens_fingerprint(data.tokens()));
+        if fingerprint != meta.data_tokens_fnv1a64 {
+            return Err(Error::Dataset {
+                path: options.data.display().to_string(),
+                reason: format!(
+                    "these are not the tokens the checkpoint in {} trained on (give --data the \
+                     same text)",
+                    dir.display()
+                ),
+            });
+        }
+        let (config, model, tokenizer) = load_model(device, dir)?;
+        let mut session = TrainSession::assemble(options, config, model, tokenizer, data)?;
+        saved.restore_optimizer(&mut session.trainer.opt)?;
+        session.trainer.step = step;
+        session.sampler.set_position(saved.state.position)?;
+        Ok(session)
+    }
+
+    /// Optimizer steps taken.
+    pub fn step(&self) -> usize {
+        self.trainer.step
+    }
+
+    /// Tokens one optimizer step trains on.
+    pub fn tokens_per_step(&self) -> usize {
+        self.options.batch * self.options.seq * self.options.grad_accum
+    }
+
+    /// Records one optimizer step over the next batches; the loss stays on the GPU.
+    pub fn record_step(&mut self) -> Result<Tensor> {
+        let dev = self.trainer.model.params.device().clone();
+        let (b, t) = (self.options.batch, self.options.seq);
+        let mut micro = Vec::with_capacity(self.options.grad_accum);
+        for _ in 0..self.options.grad_accum {
+            let batch = self.sampler.next_batch();
+            micro.push((
+                Tensor::from_u32(&dev, &batch.inputs(), &[b, t])?,
+                Tensor::from_u32(&dev, &batch.targets(), &[b, t])?,
+            ));
+        }
+        self.trainer.step(&micro)
+    }
+
+    /// The mean loss over the held-out split: its consecutive windows of T + 1 tokens.
+    pub fn eval_held_out(&self) -> Result<EvalReport> {
+        let chunk = self.options.seq + 1;
+        let held = self.data.held_out();
+        if held.len() < chunk {
+            self.data.held_out_batches(1, self.options.seq)?; // the error naming both lengths
+        }
+        let model = &self.trainer.model;
+        mean_loss(
+            model,
+            held,
+            chunk,
+            eval_batch_size(chunk, model.config.vocab_size),
+        )
+    }
+
+    /// Writes a checkpoint of the current step into `dir`.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        let hyper = SavedOptions {
+            options: self.options.clone(),
+            data_tokens_fnv1a64: format!("{:016x}", self.data_fingerprint),
+        };
+        let state = TrainState {
+            step: self.trainer.step as u64,
+            position: self.sampler.position(),
+            hyper_parameters: serde_json::to_value(&hyper).expect("the options serialize to JSON"),
+        };
+        save_checkpoint(
+            dir,
+            &self.config,
+            &self.trainer.model.params,
+            &self.tokenizer,
+            &self.trainer.opt,
+            &state,
+        )
+    }
+
+    /// Trains until step `options.steps`, evaluating and saving per `control`, reporting each
+    /// step to `on_event` as its loss comes back.
+    pub fn run(
+        &mut self,
+        control: &RunControl,
+        on_event: impl FnMut(&Event),
+    ) -> Result<RunSummary> {
+        self.run_until(self.options.steps, control, on_event)
+    }
+
+    /// As `run`, stopping at step `until` (<= options.steps; the schedule still ends at
+    /// options.steps): a run cut short, as an interruption would.
+    pub fn run_until(
+        &mut self,
+        until: usize,
+        control: &RunControl,
+        mut on_event: impl FnMut(&Event),
+    ) -> Result<RunSummary> {
+        if until > self.options.steps || until <= self.step() {
+            return Err(Error::InvalidArgument {
+                op: "train",
+                reason: format!(
+                    "stopping at step {until}: the run is at step {} and ends at {}",
+                    self.step(),
+                    self.options.steps
+                ),
+            });
+        }
+        if control.save_every > 0 && control.out.is_none() {
+            return Err(Error::InvalidArgument {
+                op: "--save-every",
+                reason: "checkpoints need a directory: give --out DIR".into(),
+            });
+        }
+        if control.eval_every > 0 {
+            // Before any work: a held-out split too short for one sequence.
+            self.data.held_out_batches(1, self.options.seq)?;
+        }
+        let dev = self.trainer.model.params.device().clone();
+        let ring = Tensor::zeros(&dev, &[LOSS_RING])?;
+        let first_step = self.step() + 1;
+        let started = Instant::now();
+        let mut group_start = Instant::now();
+        let mut pending = 0;
+        let mut read_every = 1;
+        let mut summary = RunSummary {
+            first_step,
+            last_step: first_step,
+            first_loss: f32::NAN,
+            final_loss: f32::NAN,
+            eval_loss: None,
+            tokens: 0,
+            train_time: Duration::ZERO,
+            wall: Duration::ZERO,
+            saved: None,
+        };
+        while self.step() < until {
+            let loss = self.record_step()?;
+            launch_copy(
+                &loss.reshape(&[1])?,
+                Out::Write(&ring.narrow(0, pending, 1)?),
+            )?;
+            dev.flush();
+            pending += 1;
+            let step = self.step();
+            let last = step == until;
+            let eval_now =
+                control.eval_every > 0 && (step.is_multiple_of(control.eval_every) || last);
+            let save_now = control.out.is_some()
+                && (last || (control.save_every > 0 && step.is_multiple_of(control.save_every)));
+            if pending < read_every && !last && !eval_now && !save_now {
+                continue;
+            }
+            let losses = ring.narrow(0, 0, pending)?.to_vec()?;
+            let elapsed = group_start.elapsed();
+            summary.train_time += elapsed;
+            let ms = elapsed.as_secs_f64() * 1e3 / pending as f64;
+            read_every =
+                ((READ_BACK_INTERVAL.as_secs_f64() * 1e3 / ms) as usize).clamp(1, LOSS_RING);
+            if let Some(i) = losses.iter().position(|l| !l.is_finite()) {
+                return Err(Error::InvalidArgument {
+                    op: "train",
+                    reason: format!(
+                        "the loss is {} at step {}: training diverged (try a lower --lr or \
+                         --grad-clip 1); nothing was saved at this step",
+                        losses[i],
+                        step + 1 - pending + i
+                    ),
+                });
+            }
+            let eval_loss = if eval_now {
+                let loss = self.eval_held_out()?.loss as f32;
+                summary.eval_loss = Some(loss);
+                Some(loss)
+            } else {
+                None
+            };
+            for (i, &loss) in losses.iter().enumerate() {
+                let s = step + 1 - pending + i;
+                if s == first_step {
+                    summary.first_loss = loss;
+                }
+                on_event(&Event::Step(StepReport {
+                    step: s,
+                    loss,
+                    ms,
+                    tokens_per_s: self.tokens_per_step() as f64 / (ms * 1e-3),
+                    eval_loss: if s == step { eval_loss } else { None },
+                }));
+            }
+            summary.final_loss = *losses.last().expect("one step at least");
+            summary.tokens += pending * self.tokens_per_step();
+            if save_now {
+                let dir = control.out.as_ref().expect("save_now needs out");
+                self.save(dir)?;
+                summary.saved = Some(dir.clone());
+                on_event(&Event::Saved {
+                    step,
+                    dir: dir.clone(),
+                });
+            }
+            pending = 0;
+            group_start = Instant::now();
+        }
+        summary.last_step = self.step();
+        summary.wall = started.elapsed();
+        Ok(summary)
+    }
+}

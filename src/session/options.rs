@@ -1,0 +1,235 @@
+//! A run's settings: `TrainOptions` (what decides its losses, saved with each checkpoint),
+//! their defaults (the out-of-the-box `wgrad train`), the command line's `OptionFlags` for a new
+//! or a resumed run, the presets and the bundled corpus.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The built-in presets, directories under `models/`.
+pub const PRESETS: [&str; 3] = ["tiny", "distilgpt2", "gpt2"];
+
+/// The repository's `models/` directory (presets and the shared tokenizer).
+pub fn models_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
+}
+
+/// The corpus trained on when no `--data` is given: Austen's Persuasion.
+pub fn default_data() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/austen-persuasion.txt")
+}
+
+/// The directory of preset `name`; an unknown name is an error listing the known ones.
+pub fn preset_dir(name: &str) -> Result<PathBuf> {
+    if !PRESETS.contains(&name) {
+        return Err(Error::InvalidArgument {
+            op: "--preset",
+            reason: format!("unknown preset `{name}` (known: {})", PRESETS.join(", ")),
+        });
+    }
+    Ok(models_dir().join(name))
+}
+
+/// Where the model comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelSource {
+    /// A preset's config with fresh weights drawn from the run's seed.
+    Preset(String),
+    /// A Hugging Face GPT-2 directory: config, weights, tokenizer.
+    Dir(PathBuf),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// Linear warm-up, then the peak rate.
+    Constant,
+    /// Linear warm-up, then cosine decay to a tenth of the peak at the last step.
+    Cosine,
+}
+
+/// A run's settings: everything that decides its losses (saved with each checkpoint).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainOptions {
+    pub model: ModelSource,
+    pub data: PathBuf,
+    /// Sequences per micro-batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Optimizer steps the run ends at (counted from the start, resumed runs included).
+    pub steps: usize,
+    /// Peak learning rate.
+    pub lr: f32,
+    pub warmup: usize,
+    pub schedule: Schedule,
+    pub weight_decay: f32,
+    /// Global gradient-norm clip (0: off).
+    pub grad_clip: f32,
+    /// Micro-batches whose gradients add up to one optimizer step.
+    pub grad_accum: usize,
+    /// Seeds the fresh weights and the batch order.
+    pub seed: u64,
+}
+
+/// Defaults of `wgrad train` with no flags: the tiny preset on the bundled corpus, sized so
+/// the loss visibly falls within a few minutes on lavapipe (measured in README.md).
+impl Default for TrainOptions {
+    fn default() -> Self {
+        TrainOptions {
+            model: ModelSource::Preset("tiny".into()),
+            data: default_data(),
+            batch: 4,
+            seq: 16,
+            steps: 30,
+            lr: 2e-3,
+            warmup: 5,
+            schedule: Schedule::Constant,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+            grad_accum: 1,
+            seed: 0,
+        }
+    }
+}
+
+/// Settings given on the command line, None where not given.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct OptionFlags {
+    pub model: Option<ModelSource>,
+    pub data: Option<PathBuf>,
+    pub batch: Option<usize>,
+    pub seq: Option<usize>,
+    pub steps: Option<usize>,
+    pub lr: Option<f32>,
+    pub warmup: Option<usize>,
+    pub schedule: Option<Schedule>,
+    pub weight_decay: Option<f32>,
+    pub grad_clip: Option<f32>,
+    pub grad_accum: Option<usize>,
+    pub seed: Option<u64>,
+}
+
+impl OptionFlags {
+    /// A new run's options: the flags given, defaults for the rest.
+    pub fn new_run(&self) -> TrainOptions {
+        let d = TrainOptions::default();
+        TrainOptions {
+            model: self.model.clone().unwrap_or(d.model),
+            data: self.data.clone().unwrap_or(d.data),
+            batch: self.batch.unwrap_or(d.batch),
+            seq: self.seq.unwrap_or(d.seq),
+            steps: self.steps.unwrap_or(d.steps),
+            lr: self.lr.unwrap_or(d.lr),
+            warmup: self.warmup.unwrap_or(d.warmup),
+            schedule: self.schedule.unwrap_or(d.schedule),
+            weight_decay: self.weight_decay.unwrap_or(d.weight_decay),
+            grad_clip: self.grad_clip.unwrap_or(d.grad_clip),
+            grad_accum: self.grad_accum.unwrap_or(d.grad_accum),
+            seed: self.seed.unwrap_or(d.seed),
+        }
+    }
+
+    /// A resumed run's options: the saved ones, with a new end (`steps`) or another path to the
+    /// same data allowed; any other flag must agree with the checkpoint (a different value
+    /// would not continue the same run).
+    pub fn resumed_run(&self, saved: &TrainOptions) -> Result<TrainOptions> {
+        let mut differ = Vec::new();
+        let mut check = |flag: &str, given: Option<String>, saved: String| {
+            if let Some(g) = given {
+                if g != saved {
+                    differ.push(format!("--{flag} {g} (the checkpoint's is {saved})"));
+                }
+            }
+        };
+        let s = saved;
+        check(
+            "batch",
+            self.batch.map(|x| x.to_string()),
+            s.batch.to_string(),
+        );
+        check("seq", self.seq.map(|x| x.to_string()), s.seq.to_string());
+        check("lr", self.lr.map(|x| x.to_string()), s.lr.to_string());
+        check(
+            "warmup",
+            self.warmup.map(|x| x.to_string()),
+            s.warmup.to_string(),
+        );
+        check(
+            "schedule",
+            self.schedule.map(|x| format!("{x:?}").to_lowercase()),
+            format!("{:?}", s.schedule).to_lowercase(),
+        );
+        check(
+            "weight-decay",
+            self.weight_decay.map(|x| x.to_string()),
+            s.weight_decay.to_string(),
+        );
+        check(
+            "grad-clip",
+            self.grad_clip.map(|x| x.to_string()),
+            s.grad_clip.to_string(),
+        );
+        check(
+            "grad-accum",
+            self.grad_accum.map(|x| x.to_string()),
+            s.grad_accum.to_string(),
+        );
+        check("seed", self.seed.map(|x| x.to_string()), s.seed.to_string());
+        if self.model.is_some() {
+            differ.push("--preset/--model (a resumed run's model is the checkpoint's)".into());
+        }
+        if !differ.is_empty() {
+            return Err(Error::InvalidArgument {
+                op: "--resume",
+                reason: format!(
+                    "a resumed run keeps its settings; these differ: {}",
+                    differ.join(", ")
+                ),
+            });
+        }
+        let mut options = saved.clone();
+        if let Some(steps) = self.steps {
+            options.steps = steps;
+        }
+        if let Some(data) = &self.data {
+            options.data = data.clone();
+        }
+        Ok(options)
+    }
+}
+
+pub(crate) fn check_options(o: &TrainOptions, n_positions: usize) -> Result<()> {
+    let bad = |op: &'static str, reason: String| Err(Error::InvalidArgument { op, reason });
+    if o.seq == 0 || o.seq > n_positions {
+        return bad(
+            "--seq",
+            format!(
+                "{} tokens per sequence: the model has {n_positions} positions (1..={n_positions})",
+                o.seq
+            ),
+        );
+    }
+    if o.batch == 0 || o.grad_accum == 0 || o.steps == 0 {
+        return bad(
+            "train",
+            "--batch, --grad-accum and --steps must be positive".into(),
+        );
+    }
+    if !(o.lr.is_finite() && o.lr > 0.0) {
+        return bad("--lr", format!("{} is not a positive rate", o.lr));
+    }
+    if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
+        return bad("--weight-decay", format!("{} is negative", o.weight_decay));
+    }
+    if !(o.grad_clip.is_finite() && o.grad_clip >= 0.0) {
+        return bad(
+            "--grad-clip",
+            format!("{} is negative (0 turns clipping off)", o.grad_clip),
+        );
+    }
+    Ok(())
+}
