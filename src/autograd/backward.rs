@@ -109,6 +109,23 @@ impl BackwardCtx<'_> {
         }
     }
 
+    /// Input `i` (of shape `shape`) gets `f`'s result, computed at the broadcast shape `full`:
+    /// written straight into the target when the shapes agree, else made new and summed back
+    /// over the broadcast dims into the target.
+    pub(crate) fn put_summed_to(
+        &mut self,
+        i: usize,
+        shape: &[usize],
+        full: &[usize],
+        f: impl FnOnce(Out<'_>) -> Result<Tensor>,
+    ) -> Result<()> {
+        if shape == full {
+            return self.put_with(i, f);
+        }
+        let full = f(Out::New)?;
+        self.put_with(i, |out| full.sum_to_shape_into(shape, out))
+    }
+
     /// Input `i`'s gradient is `t` (a tensor computed elsewhere, e.g. the output gradient
     /// passed through): kept without a copy where nothing else will write into it.
     pub(crate) fn put(&mut self, i: usize, t: Tensor) -> Result<()> {

@@ -179,25 +179,10 @@ impl Layout {
     /// Merges neighbouring dims that are contiguous with each other: fewer dims for kernels
     /// to decompose, and rank above MAX_RANK only when the view really needs it.
     pub fn coalesced(&self) -> Layout {
-        let mut shape: Vec<usize> = Vec::with_capacity(self.rank());
-        let mut strides: Vec<usize> = Vec::with_capacity(self.rank());
-        for (&n, &s) in self.shape.iter().zip(&self.strides) {
-            if n == 1 {
-                continue;
-            }
-            if let (Some(pn), Some(ps)) = (shape.last_mut(), strides.last_mut()) {
-                if *ps == s * n {
-                    *pn *= n;
-                    *ps = s;
-                    continue;
-                }
-            }
-            shape.push(n);
-            strides.push(s);
-        }
+        let (shape, mut strides) = coalesce_joint(&self.shape, &[&self.strides]);
         Layout {
             shape,
-            strides,
+            strides: strides.pop().expect("one operand in, one out"),
             offset: self.offset,
         }
     }

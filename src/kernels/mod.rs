@@ -174,7 +174,8 @@ pub struct PipelineCache {
     /// Whether naga's runtime bounds checks stay in (WGRAD_SHADER_CHECKS=1).
     checked: bool,
     max_groups: u32,
-    pipelines: HashMap<(usize, Spec), Arc<Pipeline>>,
+    /// By kernel, then specialization: a lookup borrows the Spec (no clone per dispatch).
+    pipelines: HashMap<usize, HashMap<Spec, Arc<Pipeline>>>,
     layouts: HashMap<(&'static [Access], u64), Arc<BindLayout>>,
     next_layout_id: u64,
     pub stats: PipelineStats,
@@ -204,7 +205,7 @@ impl PipelineCache {
         kernel: &'static KernelDesc,
         spec: &Spec,
     ) -> Arc<Pipeline> {
-        if let Some(p) = self.pipelines.get(&(kernel.key(), spec.clone())) {
+        if let Some(p) = self.pipelines.get(&kernel.key()).and_then(|m| m.get(spec)) {
             return p.clone();
         }
         let start = std::time::Instant::now();
@@ -246,7 +247,9 @@ impl PipelineCache {
             max_groups: self.max_groups,
         });
         self.pipelines
-            .insert((kernel.key(), spec.clone()), p.clone());
+            .entry(kernel.key())
+            .or_default()
+            .insert(spec.clone(), p.clone());
         p
     }
 

@@ -230,30 +230,17 @@ impl Backward for BinaryBackward {
             }
             let code = ternary::binary_backward(self.op, side == 1);
             let inputs = [g, &self.a, &self.b];
-            if broadcast {
-                let full = launch(
+            ctx.put_summed_to(side, shape, g.shape(), |out| {
+                launch(
                     "binary_backward",
                     &elementwise::TERNARY,
                     code,
                     g.shape(),
                     &inputs,
                     (0.0, 0.0),
-                    Out::New,
-                )?;
-                ctx.put_with(side, |out| full.sum_to_shape_into(shape, out))?;
-            } else {
-                ctx.put_with(side, |out| {
-                    launch(
-                        "binary_backward",
-                        &elementwise::TERNARY,
-                        code,
-                        g.shape(),
-                        &inputs,
-                        (0.0, 0.0),
-                        out,
-                    )
-                })?;
-            }
+                    out,
+                )
+            })?;
         }
         Ok(())
     }
@@ -282,31 +269,17 @@ impl Backward for WhereBackward {
             } else {
                 [&self.cond, &zero, g]
             };
-            let shape: &[usize] = shape;
-            if shape == g.shape() {
-                ctx.put_with(side, |out| {
-                    launch(
-                        "where_backward",
-                        &elementwise::TERNARY,
-                        ternary::WHERE,
-                        g.shape(),
-                        &inputs,
-                        (0.0, 0.0),
-                        out,
-                    )
-                })?;
-            } else {
-                let full = launch(
+            ctx.put_summed_to(side, shape, g.shape(), |out| {
+                launch(
                     "where_backward",
                     &elementwise::TERNARY,
                     ternary::WHERE,
                     g.shape(),
                     &inputs,
                     (0.0, 0.0),
-                    Out::New,
-                )?;
-                ctx.put_with(side, |out| full.sum_to_shape_into(shape, out))?;
-            }
+                    out,
+                )
+            })?;
         }
         Ok(())
     }

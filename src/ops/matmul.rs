@@ -54,17 +54,13 @@ fn put_product(
     r: &Tensor,
     shape: &[usize],
 ) -> Result<()> {
-    let product_batch = broadcast_shape(
+    let mut full = broadcast_shape(
         "matmul",
         &l.shape()[..l.rank() - 2],
         &r.shape()[..r.rank() - 2],
     )?;
-    if product_batch == shape[..shape.len() - 2] {
-        ctx.put_with(i, |out| l.matmul_into(r, out))
-    } else {
-        let full = l.matmul_into(r, Out::New)?;
-        ctx.put_with(i, |out| full.sum_to_shape_into(shape, out))
-    }
+    full.extend([l.shape()[l.rank() - 2], r.shape()[r.rank() - 1]]);
+    ctx.put_summed_to(i, shape, &full, |out| l.matmul_into(r, out))
 }
 
 impl Tensor {
