@@ -11,6 +11,11 @@
 // Grid: x over N tiles, y over M tiles, z over the batch.
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
 // matmul_bias_gelu (also saves the pre-activation). Specialization: BM, BN, BK, TM, TN, ACC.
+//
+// Types (aliases prepended with the constants): TA, TB, TC the element types of A, B and C
+// (f32 or f16); TS the type the tiles are staged in: f16 for a mixed-precision product
+// (operands rounded to f16 whatever their storage type, products accumulated in f32: the
+// numerics of the cooperative-matrix kernel, on adapters without one), else f32.
 
 struct Params {
     m: u32,
@@ -36,9 +41,9 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> c: array<f32>;
-@group(0) @binding(2) var<storage, read> a: array<f32>;
-@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(1) var<storage, read_write> c: array<TC>;
+@group(0) @binding(2) var<storage, read> a: array<TA>;
+@group(0) @binding(3) var<storage, read> b: array<TB>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
 @group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
 
@@ -50,8 +55,8 @@ const WG: u32 = ROW_LANES * COL_LANES;
 // storing consecutive k (a row-major A read along k) land in different banks.
 const A_ROW: u32 = BM + 1u;
 const B_ROW: u32 = BN + 1u;
-var<workgroup> a_tile: array<f32, BK * A_ROW>;
-var<workgroup> b_tile: array<f32, BK * B_ROW>;
+var<workgroup> a_tile: array<TS, BK * A_ROW>;
+var<workgroup> b_tile: array<TS, BK * B_ROW>;
 
 // The (TM x TN) block of A @ B this lane owns, for the workgroup's tile.
 fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
@@ -83,9 +88,9 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             }
             let gm = row0 + mm;
             let gk = k0 + kk;
-            var v = 0.0;
+            var v = TS(0.0);
             if (gm < p.m && gk < p.k) {
-                v = a[a_base + gm * p.a_ms + gk * p.a_ks];
+                v = TS(a[a_base + gm * p.a_ms + gk * p.a_ks]);
             }
             a_tile[kk * A_ROW + mm] = v;
         }
@@ -100,19 +105,19 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             }
             let gk = k0 + kk;
             let gn = col0 + nn;
-            var v = 0.0;
+            var v = TS(0.0);
             if (gk < p.k && gn < p.n) {
-                v = b[b_base + gk * p.b_ks + gn * p.b_ns];
+                v = TS(b[b_base + gk * p.b_ks + gn * p.b_ns]);
             }
             b_tile[kk * B_ROW + nn] = v;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
             for (var i = 0u; i < TM; i++) {
-                a_reg[i] = a_tile[kk * A_ROW + tr + i * ROW_LANES];
+                a_reg[i] = f32(a_tile[kk * A_ROW + tr + i * ROW_LANES]);
             }
             for (var j = 0u; j < TN; j++) {
-                b_reg[j] = b_tile[kk * B_ROW + tc + j * COL_LANES];
+                b_reg[j] = f32(b_tile[kk * B_ROW + tc + j * COL_LANES]);
             }
             for (var i = 0u; i < TM; i++) {
                 for (var j = 0u; j < TN; j++) {
@@ -136,9 +141,9 @@ fn lane_col(wid: vec3<u32>, lid: u32, j: u32) -> u32 {
 
 fn store_c(o: u32, v: f32) {
     if (ACC) {
-        c[o] = c[o] + v;
+        c[o] = TC(f32(c[o]) + v);
     } else {
-        c[o] = v;
+        c[o] = TC(v);
     }
 }
 

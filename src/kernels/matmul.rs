@@ -4,6 +4,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::{Access, Family, KernelDesc, Spec};
+use crate::graph::DType;
 
 pub static FAMILY: Family = Family {
     name: "matmul",
@@ -145,24 +146,68 @@ fn forced_tile() -> Option<Tile> {
     })
 }
 
-/// `acc`: add the product into C (gradient accumulation) instead of overwriting it.
-pub fn spec(t: Tile, acc: bool) -> Spec {
-    Spec::new()
-        .u32("BM", t.bm)
-        .u32("BN", t.bn)
-        .u32("BK", t.bk)
-        .u32("TM", t.tm)
-        .u32("TN", t.tn)
-        .bool("ACC", acc)
+/// The element types of a product: A, B and C as stored, and whether the operands are
+/// rounded to f16 (products accumulated in f32 either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Types {
+    pub a: DType,
+    pub b: DType,
+    pub c: DType,
+    pub half: bool,
 }
 
-pub fn variants(_f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
+impl Types {
+    pub const F32: Types = Types {
+        a: DType::F32,
+        b: DType::F32,
+        c: DType::F32,
+        half: false,
+    };
+
+    /// f16 operands and products written as f32 (the mixed-precision training case).
+    pub const F16: Types = Types {
+        a: DType::F16,
+        b: DType::F16,
+        c: DType::F32,
+        half: true,
+    };
+
+    /// The type aliases every matmul kernel takes: TA, TB, TC and TS (the staging type).
+    pub fn spec(&self, spec: Spec) -> Spec {
+        spec.ty("TA", self.a.wgsl())
+            .ty("TB", self.b.wgsl())
+            .ty("TC", self.c.wgsl())
+            .ty("TS", if self.half { "f16" } else { "f32" })
+    }
+}
+
+/// `acc`: add the product into C (gradient accumulation) instead of overwriting it.
+pub fn spec(t: Tile, acc: bool, types: Types) -> Spec {
+    types.spec(
+        Spec::new()
+            .u32("BM", t.bm)
+            .u32("BN", t.bn)
+            .u32("BK", t.bk)
+            .u32("TM", t.tm)
+            .u32("TN", t.tn)
+            .bool("ACC", acc),
+    )
+}
+
+/// Every tiled variant: each tile, accumulate or not, f32 and (with shader-f16) f16 operands.
+pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
+    let mut types = vec![Types::F32];
+    if f16 {
+        types.push(Types::F16);
+    }
     let mut v = Vec::new();
-    for t in TILES {
-        for acc in [false, true] {
-            v.push((&MATMUL, spec(t, acc)));
-            v.push((&MATMUL_BIAS, spec(t, acc)));
-            v.push((&MATMUL_BIAS_GELU, spec(t, acc)));
+    for ty in types {
+        for t in TILES {
+            for acc in [false, true] {
+                v.push((&MATMUL, spec(t, acc, ty)));
+                v.push((&MATMUL_BIAS, spec(t, acc, ty)));
+                v.push((&MATMUL_BIAS_GELU, spec(t, acc, ty)));
+            }
         }
     }
     v

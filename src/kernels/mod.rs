@@ -13,6 +13,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod cast;
 pub mod cross_entropy;
 pub mod elementwise;
 pub mod gather;
@@ -322,6 +323,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(gather::variants());
     v.extend(scatter::variants());
     v.extend(adamw::variants());
+    v.extend(cast::variants(f16));
     v.extend(random::variants());
     v.extend(layernorm::variants());
     v.extend(cross_entropy::variants());

@@ -28,6 +28,30 @@ impl Tensor {
         Ok(t)
     }
 
+    /// A tensor of element type `dtype` (f32 or f16: converted on the host) holding `data`.
+    pub fn from_slice_as(
+        device: &Device,
+        data: &[f32],
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Tensor> {
+        match dtype {
+            DType::F32 => Tensor::from_slice(device, data, shape),
+            DType::F16 => {
+                check_len("from_slice_as", shape, data.len())?;
+                let t = Tensor::uninit(device, shape, DType::F16, "from_slice_as")?;
+                let halves: Vec<half::f16> = data.iter().map(|&x| half::f16::from_f32(x)).collect();
+                device.upload(t.storage(), 0, bytemuck::cast_slice(&halves));
+                Ok(t)
+            }
+            DType::U32 => Err(Error::DTypeMismatch {
+                op: "from_slice_as",
+                expected: DType::F32,
+                got: DType::U32,
+            }),
+        }
+    }
+
     /// A u32 tensor (token ids, gather indices).
     pub fn from_u32(device: &Device, data: &[u32], shape: &[usize]) -> Result<Tensor> {
         check_len("from_u32", shape, data.len())?;
@@ -193,7 +217,12 @@ impl Tensor {
     }
 
     /// Flushes, waits for the GPU and returns the elements in row-major order.
+    /// An f16 tensor's elements come back converted to f32.
     pub fn to_vec(&self) -> Result<Vec<f32>> {
+        if self.dtype() == DType::F16 {
+            let halves: Vec<half::f16> = bytemuck::pod_collect_to_vec(&self.read_bytes()?);
+            return Ok(halves.iter().map(|h| h.to_f32()).collect());
+        }
         self.expect_dtype("to_vec", DType::F32)?;
         Ok(bytemuck::pod_collect_to_vec(&self.read_bytes()?))
     }

@@ -7,11 +7,11 @@
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
-use crate::graph::Tensor;
+use crate::graph::{DType, Tensor};
 use crate::kernels::elementwise::{self, ternary, UnaryOp};
 use crate::ops::elementwise::{launch, launch_copy};
-use crate::ops::matmul::Epilogue;
-use crate::ops::Out;
+use crate::ops::matmul::{half_precision, Epilogue};
+use crate::ops::{autocast, Out};
 
 /// The activation a linear layer applies in its epilogue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,6 +25,8 @@ struct LinearBackward {
     w: Tensor,           // (K, N)
     pre: Option<Tensor>, // (rows, N) for GELU
     has_bias: bool,
+    /// The forward ran under autocast: so do the backward products.
+    half: bool,
 }
 
 impl Backward for LinearBackward {
@@ -33,6 +35,13 @@ impl Backward for LinearBackward {
     }
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        let half = self.half;
+        autocast(half, || self.backward_products(g, ctx))
+    }
+}
+
+impl LinearBackward {
+    fn backward_products(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
         let n = self.w.shape()[1];
         let g = g.reshape(&[g.numel() / n, n])?; // (rows, N)
         let dz = match &self.pre {
@@ -85,6 +94,18 @@ impl Backward for LinearBackward {
 impl Tensor {
     /// act(self W + b) for self (..., K), W (K, N), b (N): one matmul dispatch.
     pub fn linear(&self, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Result<Tensor> {
+        self.linear_as(w, b, act, DType::F32)
+    }
+
+    /// `linear` with its output stored as `dtype` (f32, or f16 for a consumer that reads f16
+    /// operands: the cast is the matmul's store). The pre-activation GELU saves stays f32.
+    pub fn linear_as(
+        &self,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        act: Activation,
+        dtype: DType,
+    ) -> Result<Tensor> {
         const OP: &str = "linear";
         if w.rank() != 2 || self.rank() == 0 || self.shape()[self.rank() - 1] != w.shape()[0] {
             return Err(Error::ShapeMismatch {
@@ -111,13 +132,16 @@ impl Tensor {
         let xd = x.detach();
         let wd = w.detach();
         let (y, pre) = match (b, act) {
-            (None, _) => (xd.matmul_into(&wd, Out::New)?, None),
+            (None, _) => (
+                xd.matmul_epilogue_into(&wd, Epilogue::None, Out::New, dtype)?,
+                None,
+            ),
             (Some(bias), Activation::None) => (
-                xd.matmul_epilogue_into(&wd, Epilogue::Bias(&bias.detach()), Out::New)?,
+                xd.matmul_epilogue_into(&wd, Epilogue::Bias(&bias.detach()), Out::New, dtype)?,
                 None,
             ),
             (Some(bias), Activation::Gelu) => {
-                let pre = Tensor::uninit(self.device(), &[rows, n], crate::graph::DType::F32, OP)?;
+                let pre = Tensor::uninit(self.device(), &[rows, n], DType::F32, OP)?;
                 let y = xd.matmul_epilogue_into(
                     &wd,
                     Epilogue::BiasGelu {
@@ -125,6 +149,7 @@ impl Tensor {
                         pre: &pre,
                     },
                     Out::New,
+                    dtype,
                 )?;
                 (y, Some(pre))
             }
@@ -134,11 +159,13 @@ impl Tensor {
         if let Some(bias) = b {
             inputs.push(bias);
         }
+        let half = half_precision(&xd, &wd);
         Ok(record(y, &inputs, || LinearBackward {
             x: xd,
             w: wd,
             pre,
             has_bias: b.is_some(),
+            half,
         }))
     }
 

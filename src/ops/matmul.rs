@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::graph::{broadcast_shape, coalesce_joint, DType, Tensor};
 use crate::kernels::matmul::{self, MatmulParams};
 use crate::ops::elementwise::launch_copy;
-use crate::ops::Out;
+use crate::ops::{autocast, autocast_enabled, Out};
 
 /// What the matmul kernel applies to each product element before storing it.
 #[derive(Clone, Copy)]
@@ -24,9 +24,11 @@ pub(crate) enum Epilogue<'a> {
 
 /// dA = g B^T and dB = A^T g, each written into its gradient by the matmul kernel (accumulate
 /// on for a later contribution), then summed over any batch dims the operand was broadcast on.
+/// `half`: the forward ran under autocast, so the backward products do too.
 struct MatmulBackward {
     a: Tensor,
     b: Tensor,
+    half: bool,
 }
 
 impl Backward for MatmulBackward {
@@ -35,15 +37,17 @@ impl Backward for MatmulBackward {
     }
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
-        if ctx.needed(0) {
-            let bt = self.b.t()?;
-            put_product(ctx, 0, g, &bt, self.a.shape())?;
-        }
-        if ctx.needed(1) {
-            let at = self.a.t()?;
-            put_product(ctx, 1, &at, g, self.b.shape())?;
-        }
-        Ok(())
+        autocast(self.half, || {
+            if ctx.needed(0) {
+                let bt = self.b.t()?;
+                put_product(ctx, 0, g, &bt, self.a.shape())?;
+            }
+            if ctx.needed(1) {
+                let at = self.a.t()?;
+                put_product(ctx, 1, &at, g, self.b.shape())?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -63,32 +67,61 @@ fn put_product(
     ctx.put_summed_to(i, shape, &full, |out| l.matmul_into(r, out))
 }
 
+/// Whether a product of these operands runs in f16: under autocast, or when an operand is
+/// stored as f16.
+pub(crate) fn half_precision(a: &Tensor, b: &Tensor) -> bool {
+    autocast_enabled() || a.dtype() == DType::F16 || b.dtype() == DType::F16
+}
+
+fn expect_float(op: &'static str, t: &Tensor) -> Result<()> {
+    if t.dtype() == DType::F16 {
+        Ok(())
+    } else {
+        t.expect_dtype(op, DType::F32)
+    }
+}
+
 impl Tensor {
+    /// The product (f32 out; f16 operands or autocast make it a mixed-precision product).
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         let out = self.matmul_into(other, Out::New)?;
         Ok(record(out, &[self, other], || MatmulBackward {
             a: self.detach(),
             b: other.detach(),
+            half: half_precision(self, other),
         }))
     }
 
-    /// The product written per `out`; an output view whose batch dims do not merge into one
-    /// stride gets the product through a copy.
+    /// The product written per `out` (f32 when new); an output view whose batch dims do not
+    /// merge into one stride gets the product through a copy.
     pub(crate) fn matmul_into(&self, other: &Tensor, out: Out<'_>) -> Result<Tensor> {
-        self.matmul_epilogue_into(other, Epilogue::None, out)
+        self.matmul_epilogue_into(other, Epilogue::None, out, DType::F32)
     }
 
-    /// The product with `epilogue` applied inside the matmul kernel, written per `out`.
+    /// The product with `epilogue` applied inside the matmul kernel, written per `out` (a new
+    /// output has element type `new_dtype`, f32 or f16: the cast is the kernel's store).
     pub(crate) fn matmul_epilogue_into(
         &self,
         other: &Tensor,
         epilogue: Epilogue<'_>,
         out: Out<'_>,
+        new_dtype: DType,
     ) -> Result<Tensor> {
         const OP: &str = "matmul";
-        self.expect_dtype(OP, DType::F32)?;
-        other.expect_dtype(OP, DType::F32)?;
+        expect_float(OP, self)?;
+        expect_float(OP, other)?;
         self.expect_same_device(OP, other)?;
+        let out_dtype = match out {
+            Out::New => new_dtype,
+            Out::Write(t) | Out::Acc(t) => t.dtype(),
+        };
+        if out_dtype == DType::U32 {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                expected: DType::F32,
+                got: DType::U32,
+            });
+        }
         if self.rank() < 2 || other.rank() < 2 {
             return Err(Error::ShapeMismatch {
                 op: OP,
@@ -143,7 +176,8 @@ impl Tensor {
         );
         let mut out_shape = batch_shape.clone();
         out_shape.extend([m, n]);
-        let (out, acc) = out.resolve(OP, self.device(), &out_shape, &[self, other])?;
+        let (out, acc) =
+            out.resolve_typed(OP, self.device(), &out_shape, &[self, other], out_dtype)?;
         if out.numel() == 0 {
             return Ok(out);
         }
@@ -155,7 +189,7 @@ impl Tensor {
         }
         let (cshape, cstrides) = coalesce_joint(&batch_shape, &[&out.strides()[..nb]]);
         if cshape.len() > 1 {
-            let fresh = self.matmul_epilogue_into(other, epilogue, Out::New)?;
+            let fresh = self.matmul_epilogue_into(other, epilogue, Out::New, out_dtype)?;
             return launch_copy(
                 &fresh,
                 if acc {
@@ -206,7 +240,13 @@ impl Tensor {
             m.div_ceil(tile.bm as usize) as u32,
             batch as u32,
         ];
-        let spec = matmul::spec(tile, acc);
+        let types = matmul::Types {
+            a: a.dtype(),
+            b: b.dtype(),
+            c: out.dtype(),
+            half: half_precision(&a, &b),
+        };
+        let spec = matmul::spec(tile, acc, types);
         let dev = self.device();
         match epilogue {
             Epilogue::None => {

@@ -2,6 +2,8 @@
 //! in one place; kernels live in `crate::kernels`.
 
 mod attention;
+mod autocast;
+mod cast;
 mod create;
 mod cross_entropy;
 mod elementwise;
@@ -15,6 +17,7 @@ mod view;
 
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
 pub use crate::kernels::reduce::ReduceOp;
+pub use autocast::{autocast, autocast_enabled};
 pub use linear::Activation;
 
 pub(crate) use elementwise::launch_copy;
@@ -41,8 +44,20 @@ impl Out<'_> {
         shape: &[usize],
         inputs: &[&Tensor],
     ) -> Result<(Tensor, bool)> {
+        self.resolve_typed(op, device, shape, inputs, DType::F32)
+    }
+
+    /// `resolve` for an op whose output has the element type `dtype`.
+    pub(crate) fn resolve_typed(
+        self,
+        op: &'static str,
+        device: &Device,
+        shape: &[usize],
+        inputs: &[&Tensor],
+        dtype: DType,
+    ) -> Result<(Tensor, bool)> {
         let (t, acc) = match self {
-            Out::New => return Ok((Tensor::uninit(device, shape, DType::F32, op)?, false)),
+            Out::New => return Ok((Tensor::uninit(device, shape, dtype, op)?, false)),
             Out::Write(t) => (t, false),
             Out::Acc(t) => (t, true),
         };
@@ -53,7 +68,7 @@ impl Out<'_> {
                 got: t.shape().to_vec(),
             });
         }
-        t.expect_dtype(op, DType::F32)?;
+        t.expect_dtype(op, dtype)?;
         if !t.device().same(device) {
             return Err(Error::DeviceMismatch { op });
         }

@@ -1,0 +1,242 @@
+//! Mixed-precision matmul on the tiled WGSL kernel (the path of adapters without cooperative
+//! matrices; lavapipe runs it): f16 operands (stored as f16, or f32 rounded under autocast),
+//! f32 accumulation, f32 or f16 outputs, epilogues, accumulation, and the backward products of
+//! an autocast forward, all against the CPU f64 reference.
+//!
+//! Tolerances: against the f64 product of the unrounded inputs, 1e-2 (the bound; the
+//! rounding of the operands to f16 costs about 1e-3 at these sizes); against the f64 product of
+//! the operands rounded to f16, 1e-5 (f32 accumulation only), which shows the kernel rounds
+//! the operands and nothing else.
+
+mod common;
+
+use common::*;
+use rand::rngs::StdRng;
+use wgrad::kernels::matmul::{choose_tile, TILES};
+use wgrad::ops::{autocast, Activation};
+use wgrad::{DType, Device, Tensor};
+
+const HALF_TOL: f64 = 1e-2;
+const ROUNDED_TOL: f64 = 1e-5;
+
+fn round_f16(a: &Arr) -> Arr {
+    a.map(|x| half::f16::from_f64(x).to_f64())
+}
+
+fn upload_as(d: &Device, a: &Arr, dtype: DType) -> Tensor {
+    Tensor::from_slice_as(d, &a.f32s(), &a.shape, dtype).expect("upload")
+}
+
+/// A (M, K) @ B (K, N) with operands stored as `dtype` (f32 ones under autocast), each
+/// possibly a transposed view.
+fn check_half(
+    d: &Device,
+    rng: &mut StdRng,
+    (m, k, n): (usize, usize, usize),
+    ta: bool,
+    tb: bool,
+    dtype: DType,
+) {
+    let a = Arr::rand(rng, &[m, k], -1.0, 1.0);
+    let b = Arr::rand(rng, &[k, n], -1.0, 1.0);
+    let x = if ta {
+        upload_as(d, &a.t(), dtype).t().unwrap()
+    } else {
+        upload_as(d, &a, dtype)
+    };
+    let y = if tb {
+        upload_as(d, &b.t(), dtype).t().unwrap()
+    } else {
+        upload_as(d, &b, dtype)
+    };
+    poison(d, m * n);
+    let c = autocast(true, || x.matmul(&y)).unwrap();
+    assert_eq!(c.dtype(), DType::F32);
+    let what = format!("f16 matmul {m}x{k}x{n}, operands {dtype:?}, A^T {ta}, B^T {tb}");
+    check(&c, &a.matmul(&b), HALF_TOL, &what);
+    check(
+        &c,
+        &round_f16(&a).matmul(&round_f16(&b)),
+        ROUNDED_TOL,
+        &format!("{what} (rounded)"),
+    );
+}
+
+const SIZES: [(usize, usize, usize); 5] = [
+    (1, 1, 1),
+    (7, 5, 3),
+    (65, 63, 17),
+    (130, 257, 33),
+    (300, 200, 100),
+];
+
+#[test]
+fn f16_operands_odd_sizes_against_f64() {
+    let mut rng = rng("f16 matmul");
+    for s in SIZES {
+        check_half(dev(), &mut rng, s, false, false, DType::F16);
+    }
+}
+
+#[test]
+fn f16_operands_transposed_views() {
+    let mut rng = rng("f16 matmul t");
+    for s in &SIZES[1..4] {
+        for (ta, tb) in [(true, false), (false, true), (true, true)] {
+            check_half(dev(), &mut rng, *s, ta, tb, DType::F16);
+        }
+    }
+}
+
+#[test]
+fn f16_every_tile_size() {
+    let mut rng = rng("f16 matmul tiles");
+    let shapes = [(520, 17, 513), (257, 31, 260), (65, 63, 17)];
+    for (tile, s) in TILES.iter().zip(shapes) {
+        assert_eq!(
+            choose_tile(s.0, s.2, 1),
+            *tile,
+            "shape {s:?} picks tile {tile:?}"
+        );
+        check_half(dev(), &mut rng, s, false, false, DType::F16);
+        check_half(dev(), &mut rng, s, true, true, DType::F16);
+    }
+}
+
+#[test]
+fn autocast_rounds_f32_operands_to_f16() {
+    let mut rng = rng("autocast matmul");
+    for s in &SIZES[2..] {
+        check_half(dev(), &mut rng, *s, false, false, DType::F32);
+    }
+    // Outside autocast the same f32 operands multiply in f32.
+    let d = dev();
+    let a = Arr::rand(&mut rng, &[33, 40], -1.0, 1.0);
+    let b = Arr::rand(&mut rng, &[40, 21], -1.0, 1.0);
+    let c = a.upload(d).matmul(&b.upload(d)).unwrap();
+    check(&c, &a.matmul(&b), TOL, "f32 matmul outside autocast");
+}
+
+#[test]
+fn mixed_storage_types_and_batches() {
+    let d = dev();
+    let mut rng = rng("f16 matmul mixed");
+    let a = Arr::rand(&mut rng, &[3, 19, 45], -1.0, 1.0);
+    let b = Arr::rand(&mut rng, &[45, 23], -1.0, 1.0);
+    // A f32 (an activation), B f16 (a weight copy), broadcast over A's batch.
+    let c = a.upload(d).matmul(&upload_as(d, &b, DType::F16)).unwrap();
+    let b3 = b.reshape(&[1, 45, 23]).broadcast_to(&[3, 45, 23]);
+    check(
+        &c,
+        &round_f16(&a).matmul(&round_f16(&b3)),
+        ROUNDED_TOL,
+        "f32 A @ f16 B, batched",
+    );
+}
+
+#[test]
+fn f16_outputs_epilogues_and_accumulation() {
+    let d = dev();
+    let mut rng = rng("f16 matmul epilogue");
+    let (m, k, n) = (37, 70, 29);
+    let x = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
+    let w = Arr::rand(&mut rng, &[k, n], -0.3, 0.3);
+    let bias = Arr::rand(&mut rng, &[n], -0.5, 0.5);
+    let z = round_f16(&x)
+        .matmul(&round_f16(&w))
+        .zip(&bias.reshape(&[1, n]).broadcast_to(&[m, n]), |p, b| p + b);
+    let gelu = |v: f64| {
+        0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
+    };
+    let (xt, wt, bt) = (x.upload(d), upload_as(d, &w, DType::F16), bias.upload(d));
+    for (act, want) in [
+        (Activation::None, z.clone()),
+        (Activation::Gelu, z.map(gelu)),
+    ] {
+        let y = autocast(true, || xt.linear_as(&wt, Some(&bt), act, DType::F16)).unwrap();
+        assert_eq!(
+            y.dtype(),
+            DType::F16,
+            "{act:?}: the output is stored as f16"
+        );
+        // The stored values are the f32 results rounded once to f16.
+        check(
+            &y,
+            &want.map(|v| half::f16::from_f64(v).to_f64()),
+            2e-3,
+            &format!("f16 out, {act:?}"),
+        );
+    }
+    // Accumulation: a second backward adds its dW = x^T g into the f32 gradient (the
+    // matmul kernel's accumulate path with f16 operands).
+    let wl = w.upload(d).requires_grad();
+    let (g1, g2) = (
+        Arr::rand(&mut rng, &[m, n], -1.0, 1.0),
+        Arr::rand(&mut rng, &[m, n], -1.0, 1.0),
+    );
+    for g in [&g1, &g2] {
+        let y = autocast(true, || xt.matmul(&wl)).unwrap();
+        y.backward_with(&g.upload(d)).unwrap();
+    }
+    let xr = round_f16(&x).t();
+    let want = xr
+        .matmul(&round_f16(&g1))
+        .zip(&xr.matmul(&round_f16(&g2)), |a, b| a + b);
+    check(
+        &wl.grad().unwrap(),
+        &want,
+        ROUNDED_TOL,
+        "two f16 dW products accumulated in f32",
+    );
+}
+
+#[test]
+fn autocast_backward_products_against_f64() {
+    let d = dev();
+    let mut rng = rng("f16 matmul backward");
+    let (m, k, n) = (45, 66, 31);
+    let a = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
+    let b = Arr::rand(&mut rng, &[k, n], -1.0, 1.0);
+    let g = Arr::rand(&mut rng, &[m, n], -1.0, 1.0);
+    let x = a.upload(d).requires_grad();
+    let y = b.upload(d).requires_grad();
+    let c = autocast(true, || x.matmul(&y)).unwrap();
+    // Backward outside the autocast scope: the rule remembers its forward's precision.
+    c.backward_with(&g.upload(d)).unwrap();
+    let (ga, gb) = (x.grad().unwrap(), y.grad().unwrap());
+    check(&ga, &g.matmul(&b.t()), HALF_TOL, "dA = g B^T");
+    check(&gb, &a.t().matmul(&g), HALF_TOL, "dB = A^T g");
+    check(
+        &ga,
+        &round_f16(&g).matmul(&round_f16(&b).t()),
+        ROUNDED_TOL,
+        "dA in f16 (rounded)",
+    );
+    check(
+        &gb,
+        &round_f16(&a).t().matmul(&round_f16(&g)),
+        ROUNDED_TOL,
+        "dB in f16 (rounded)",
+    );
+}
+
+#[test]
+fn casts_round_trip_and_pass_gradients_through() {
+    let d = dev();
+    let mut rng = rng("cast");
+    let a = Arr::rand(&mut rng, &[5, 13], -4.0, 4.0);
+    let x = a.upload(d).requires_grad();
+    let h = x.to_dtype(DType::F16).unwrap();
+    assert_eq!(h.dtype(), DType::F16);
+    check(&h, &round_f16(&a), 0.0, "f32 -> f16");
+    let back = h.to_dtype(DType::F32).unwrap();
+    check(&back, &round_f16(&a), 0.0, "f16 -> f32");
+    let g = Arr::rand(&mut rng, &[5, 13], -1.0, 1.0);
+    back.backward_with(&g.upload(d)).unwrap();
+    check(
+        &x.grad().unwrap(),
+        &g,
+        0.0,
+        "the gradient passes through both casts",
+    );
+}

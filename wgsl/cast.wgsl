@@ -1,0 +1,26 @@
+// Element type conversion of a contiguous range: out[out_off + i] = TO(a[a_off + i]).
+// Used outside the training step (the f16 copies of parameters after loading weights); in a
+// step the casts are folded into the kernels that produce the values.
+// Workgroup mapping: 256 threads, one element each; linear workgroup = wid.y * nwg.x + wid.x.
+// Specialization: TI, TO (the element types in and out).
+
+struct Params {
+    numel: u32,
+    a_off: u32,
+    out_off: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> out: array<TO>;
+@group(0) @binding(2) var<storage, read> a: array<TI>;
+
+const WG: u32 = 256u;
+
+@compute @workgroup_size(WG)
+fn convert(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (i >= p.numel) { return; }
+    out[p.out_off + i] = TO(a[p.a_off + i]);
+}
