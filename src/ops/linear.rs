@@ -36,12 +36,12 @@ impl Backward for LinearBackward {
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
         let half = self.half;
-        autocast(half, || self.backward_products(g, ctx))
+        autocast(half, || (*self).backward_products(g, ctx))
     }
 }
 
 impl LinearBackward {
-    fn backward_products(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+    fn backward_products(self, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
         let n = self.w.shape()[1];
         let g = g.reshape(&[g.numel() / n, n])?; // (rows, N)
         let dz = match &self.pre {
