@@ -134,3 +134,53 @@ fn params_structs_match_their_wgsl_mirrors() {
         );
     }
 }
+
+/// Every cooperative-matrix kernel variant (NVIDIA's 16x16 and Apple's 8x8 fragments) passes
+/// naga's validation and translates to SPIR-V and MSL. lavapipe has no cooperative matrices,
+/// so this is what CI checks of them; they run on a GPU machine (see PROFILING.md).
+#[test]
+fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
+    use wgrad::kernels::matmul_coop::{variants, Coop};
+    let caps =
+        Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::COOPERATIVE_MATRIX;
+    let mut count = 0;
+    for coop in [Coop::NVIDIA, Coop::APPLE] {
+        for (kernel, spec) in variants(coop) {
+            let what = format!("{} [{}]", kernel.name, spec.describe());
+            let src = compose_source(kernel.family, &spec, true);
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{what} does not parse:\n{}", e.emit_to_string(&src)));
+            let info = Validator::new(ValidationFlags::all(), caps)
+                .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+                .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{what} fails validation:\n{}", e.emit_to_string(&src)));
+            let spv_pipeline = naga::back::spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: kernel.name.to_string(),
+            };
+            let spv_options = naga::back::spv::Options {
+                lang_version: (1, 6),
+                ..Default::default()
+            };
+            naga::back::spv::write_vec(&module, &info, &spv_options, Some(&spv_pipeline))
+                .unwrap_or_else(|e| panic!("{what}: SPIR-V: {e:?}"));
+            let msl_options = naga::back::msl::Options {
+                lang_version: (3, 0),
+                ..Default::default()
+            };
+            let msl_pipeline = naga::back::msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, kernel.name.to_string())),
+                ..Default::default()
+            };
+            naga::back::msl::write_string(&module, &info, &msl_options, &msl_pipeline)
+                .unwrap_or_else(|e| panic!("{what}: MSL: {e:?}"));
+            count += 1;
+        }
+    }
+    assert_eq!(
+        count,
+        2 * 5 * 3 * 2 * 3,
+        "variants: 2 fragment sizes x 5 type sets x 3 tiles x acc x 3 epilogues"
+    );
+}

@@ -220,8 +220,9 @@ impl Device {
     /// Compiles every kernel variant now, so the first step compiles nothing.
     pub fn warmup(&self) {
         let f16 = self.rt.gpu.has(wgpu::Features::SHADER_F16);
+        let coop = crate::kernels::matmul_coop::Coop::available(&self.rt.gpu);
         let mut s = self.state();
-        s.pipelines.warmup(&self.rt.gpu.device, f16);
+        s.pipelines.warmup(&self.rt.gpu.device, f16, coop);
     }
 
     /// Frees every cached (unused) buffer of the pools.

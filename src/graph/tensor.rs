@@ -7,31 +7,7 @@ use super::layout::Layout;
 use super::runtime::{Device, Storage};
 use crate::error::{Error, Result};
 
-/// Element types. f32 is the engine's type; f16 is ready for mixed precision; u32 holds
-/// indices (token ids, gather indices).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    F16,
-    U32,
-}
-
-impl DType {
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 | DType::U32 => 4,
-            DType::F16 => 2,
-        }
-    }
-
-    pub fn wgsl(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::U32 => "u32",
-        }
-    }
-}
+pub use crate::kernels::DType;
 
 #[derive(Clone)]
 pub struct Tensor(Arc<TensorInner>);

@@ -2,8 +2,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::DType;
 use super::{Access, Family, KernelDesc, Spec};
-use crate::graph::DType;
 
 pub static FAMILY: Family = Family {
     name: "cast",

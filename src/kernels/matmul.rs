@@ -3,8 +3,8 @@
 
 use bytemuck::{Pod, Zeroable};
 
+use super::DType;
 use super::{Access, Family, KernelDesc, Spec};
-use crate::graph::DType;
 
 pub static FAMILY: Family = Family {
     name: "matmul",
@@ -181,6 +181,37 @@ impl Types {
     }
 }
 
+/// The storage types a mixed-precision training step multiplies: f16 operands; f32
+/// activations or gradients (rounded to f16 in the tiles) times f16 weight copies, out as f32
+/// or as f16 (a GELU output feeding the next matmul); f16 activations times f32 gradients.
+pub const STEP_TYPES: [Types; 5] = [
+    Types::F16,
+    Types {
+        a: DType::F32,
+        b: DType::F32,
+        c: DType::F32,
+        half: true,
+    },
+    Types {
+        a: DType::F32,
+        b: DType::F16,
+        c: DType::F32,
+        half: true,
+    },
+    Types {
+        a: DType::F32,
+        b: DType::F16,
+        c: DType::F16,
+        half: true,
+    },
+    Types {
+        a: DType::F16,
+        b: DType::F32,
+        c: DType::F32,
+        half: true,
+    },
+];
+
 /// `acc`: add the product into C (gradient accumulation) instead of overwriting it.
 pub fn spec(t: Tile, acc: bool, types: Types) -> Spec {
     types.spec(
@@ -194,11 +225,12 @@ pub fn spec(t: Tile, acc: bool, types: Types) -> Spec {
     )
 }
 
-/// Every tiled variant: each tile, accumulate or not, f32 and (with shader-f16) f16 operands.
+/// Every tiled variant: each tile, accumulate or not, f32 and (with shader-f16) the
+/// mixed-precision step's types.
 pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     let mut types = vec![Types::F32];
     if f16 {
-        types.push(Types::F16);
+        types.extend(STEP_TYPES);
     }
     let mut v = Vec::new();
     for ty in types {

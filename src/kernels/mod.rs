@@ -15,14 +15,18 @@ pub mod adamw;
 pub mod attention;
 pub mod cast;
 pub mod cross_entropy;
+mod dtype;
 pub mod elementwise;
 pub mod gather;
 pub mod layernorm;
 pub mod matmul;
+pub mod matmul_coop;
 pub mod random;
 pub mod reduce;
 pub mod scatter;
 pub mod softmax;
+
+pub use dtype::DType;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -115,7 +119,8 @@ impl Spec {
 const REDUCE_SUBGROUP: &str = include_str!("../../wgsl/workgroup_reduce_subgroup.wgsl");
 const REDUCE_TREE: &str = include_str!("../../wgsl/workgroup_reduce_tree.wgsl");
 
-/// The complete WGSL of one kernel variant: enables, constants, helpers, then the family.
+/// The complete WGSL of one kernel variant: enables (`enable f16;` when an alias names f16,
+/// and the family's own `enable` lines, hoisted), constants, helpers, then the family.
 pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
     let mut src = String::new();
     let uses_f16 = spec
@@ -124,6 +129,11 @@ pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
         .any(|(_, v)| matches!(v, SpecValue::Type(t) if t.contains("f16")));
     if uses_f16 {
         src.push_str("enable f16;\n");
+    }
+    let is_enable = |l: &str| l.starts_with("enable ") && l.trim_end().ends_with(';');
+    for line in family.source.lines().filter(|l| is_enable(l)) {
+        src.push_str(line);
+        src.push('\n');
     }
     // naga 30 takes subgroup builtins without `enable subgroups;` (it rejects the directive
     // as not yet implemented); the device feature is what allows them.
@@ -141,7 +151,10 @@ pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
             REDUCE_TREE
         });
     }
-    src.push_str(family.source);
+    for line in family.source.lines().filter(|l| !is_enable(l)) {
+        src.push_str(line);
+        src.push('\n');
+    }
     src
 }
 
@@ -304,15 +317,21 @@ impl PipelineCache {
         l
     }
 
-    /// Compiles every variant the engine uses, so step 0 compiles nothing.
-    pub fn warmup(&mut self, device: &wgpu::Device, f16: bool) {
-        for (kernel, spec) in all_variants(f16) {
+    /// Compiles every variant the engine uses, so step 0 compiles nothing (the
+    /// cooperative-matrix matmuls too when the adapter has them).
+    pub fn warmup(&mut self, device: &wgpu::Device, f16: bool, coop: Option<matmul_coop::Coop>) {
+        let mut variants = all_variants(f16);
+        if let Some(coop) = coop {
+            variants.extend(matmul_coop::variants(coop));
+        }
+        for (kernel, spec) in variants {
             self.get(device, kernel, &spec);
         }
     }
 }
 
-/// Every (kernel, specialization) the engine dispatches: compiled by `warmup`, translated to
+/// Every (kernel, specialization) the engine dispatches but the cooperative-matrix matmuls
+/// (`matmul_coop::variants`, for adapters that have them): compiled by `warmup`, translated to
 /// MSL and HLSL by the portability test.
 pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();

@@ -6,6 +6,7 @@ use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{broadcast_shape, coalesce_joint, DType, Tensor};
 use crate::kernels::matmul::{self, MatmulParams};
+use crate::kernels::matmul_coop;
 use crate::ops::elementwise::launch_copy;
 use crate::ops::{autocast, autocast_enabled, Out};
 
@@ -234,24 +235,55 @@ impl Tensor {
             bias_off: 0,
             _pad: [0; 3],
         };
-        let tile = matmul::choose_tile(m, n, batch);
-        let groups = [
-            n.div_ceil(tile.bn as usize) as u32,
-            m.div_ceil(tile.bm as usize) as u32,
-            batch as u32,
-        ];
         let types = matmul::Types {
             a: a.dtype(),
             b: b.dtype(),
             c: out.dtype(),
             half: half_precision(&a, &b),
         };
-        let spec = matmul::spec(tile, acc, types);
         let dev = self.device();
+        let gpu = dev.gpu();
+        let coop = if types.half {
+            matmul_coop::Coop::available(gpu)
+        } else {
+            None
+        };
+        let (kernels, spec, (bm, bn)) = match coop {
+            Some(coop) => {
+                let wg_bytes = gpu.limits.max_compute_workgroup_storage_size;
+                let tile = matmul_coop::choose_tile(m, n, batch, coop, wg_bytes);
+                (
+                    [
+                        &matmul_coop::MATMUL_COOP,
+                        &matmul_coop::MATMUL_COOP_BIAS,
+                        &matmul_coop::MATMUL_COOP_BIAS_GELU,
+                    ],
+                    matmul_coop::spec(tile, acc, types, coop),
+                    (tile.bm(coop.fs), tile.bn(coop.fs)),
+                )
+            }
+            None => {
+                let tile = matmul::choose_tile(m, n, batch);
+                (
+                    [
+                        &matmul::MATMUL,
+                        &matmul::MATMUL_BIAS,
+                        &matmul::MATMUL_BIAS_GELU,
+                    ],
+                    matmul::spec(tile, acc, types),
+                    (tile.bm, tile.bn),
+                )
+            }
+        };
+        let groups = [
+            n.div_ceil(bn as usize) as u32,
+            m.div_ceil(bm as usize) as u32,
+            batch as u32,
+        ];
         match epilogue {
             Epilogue::None => {
                 dev.record(
-                    &matmul::MATMUL,
+                    kernels[0],
                     &spec,
                     &params,
                     &[out.storage(), a.storage(), b.storage()],
@@ -284,9 +316,9 @@ impl Tensor {
                     }
                     let mut s = storages.to_vec();
                     s.push(pre.storage());
-                    dev.record(&matmul::MATMUL_BIAS_GELU, &spec, &params, &s, groups);
+                    dev.record(kernels[2], &spec, &params, &s, groups);
                 } else {
-                    dev.record(&matmul::MATMUL_BIAS, &spec, &params, &storages, groups);
+                    dev.record(kernels[1], &spec, &params, &storages, groups);
                 }
             }
         }
