@@ -1,5 +1,6 @@
 //! Subcommands. Each one parses its flags and calls the library; no engine logic lives here.
 
+mod bench_matmul;
 mod bench_ops;
 mod bench_step;
 mod eval;
@@ -52,6 +53,8 @@ enum BenchCommand {
     Ops(bench_ops::Args),
     /// A full GPT-2 training step: median ms, tokens/s, submits and buffers per step.
     Step(bench_step::Args),
+    /// Matmul TFLOP/s per size, f32 or f16 operands, and the kernel variant chosen.
+    Matmul(bench_matmul::Args),
 }
 
 pub fn run(cli: Cli) -> wgrad::Result<()> {
@@ -64,6 +67,7 @@ pub fn run(cli: Cli) -> wgrad::Result<()> {
         Command::Bench { which } => match which {
             BenchCommand::Ops(args) => bench_ops::run(&args),
             BenchCommand::Step(args) => bench_step::run(&args),
+            BenchCommand::Matmul(args) => bench_matmul::run(&args),
         },
     }
 }

@@ -3,8 +3,9 @@
 //! stride is materialized first.
 
 use crate::autograd::{record, Backward, BackwardCtx};
+use crate::device::Gpu;
 use crate::error::{Error, Result};
-use crate::graph::{broadcast_shape, coalesce_joint, DType, Tensor};
+use crate::graph::{broadcast_shape, coalesce_joint, DType, Device, Tensor};
 use crate::kernels::matmul::{self, MatmulParams};
 use crate::kernels::matmul_coop;
 use crate::ops::elementwise::launch_copy;
@@ -79,6 +80,33 @@ fn expect_float(op: &'static str, t: &Tensor) -> Result<()> {
         Ok(())
     } else {
         t.expect_dtype(op, DType::F32)
+    }
+}
+
+/// The kernel a product runs on.
+enum Choice {
+    Coop(matmul_coop::Coop, matmul_coop::CoopTile),
+    Tiled(matmul::Tile),
+}
+
+/// Cooperative matrices for a mixed-precision product where the adapter has them, else the
+/// tiled kernel; the tile from the output shape.
+fn choose_kernel(gpu: &Gpu, m: usize, n: usize, batch: usize, half: bool) -> Choice {
+    match matmul_coop::Coop::available(gpu).filter(|_| half) {
+        Some(coop) => {
+            let wg_bytes = gpu.limits.max_compute_workgroup_storage_size;
+            Choice::Coop(coop, matmul_coop::choose_tile(m, n, batch, coop, wg_bytes))
+        }
+        None => Choice::Tiled(matmul::choose_tile(m, n, batch)),
+    }
+}
+
+/// The kernel variant a product of `batch` (M, N) outputs runs on (`half`: f16 operands or
+/// autocast), as benchmarks print it.
+pub fn matmul_variant(device: &Device, m: usize, n: usize, batch: usize, half: bool) -> String {
+    match choose_kernel(device.gpu(), m, n, batch, half) {
+        Choice::Coop(coop, tile) => tile.describe(coop.fs),
+        Choice::Tiled(tile) => format!("tiled {}{}", tile.name(), if half { " f16" } else { "" }),
     }
 }
 
@@ -242,38 +270,25 @@ impl Tensor {
             half: half_precision(&a, &b),
         };
         let dev = self.device();
-        let gpu = dev.gpu();
-        let coop = if types.half {
-            matmul_coop::Coop::available(gpu)
-        } else {
-            None
-        };
-        let (kernels, spec, (bm, bn)) = match coop {
-            Some(coop) => {
-                let wg_bytes = gpu.limits.max_compute_workgroup_storage_size;
-                let tile = matmul_coop::choose_tile(m, n, batch, coop, wg_bytes);
-                (
-                    [
-                        &matmul_coop::MATMUL_COOP,
-                        &matmul_coop::MATMUL_COOP_BIAS,
-                        &matmul_coop::MATMUL_COOP_BIAS_GELU,
-                    ],
-                    matmul_coop::spec(tile, acc, types, coop),
-                    (tile.bm(coop.fs), tile.bn(coop.fs)),
-                )
-            }
-            None => {
-                let tile = matmul::choose_tile(m, n, batch);
-                (
-                    [
-                        &matmul::MATMUL,
-                        &matmul::MATMUL_BIAS,
-                        &matmul::MATMUL_BIAS_GELU,
-                    ],
-                    matmul::spec(tile, acc, types),
-                    (tile.bm, tile.bn),
-                )
-            }
+        let (kernels, spec, (bm, bn)) = match choose_kernel(dev.gpu(), m, n, batch, types.half) {
+            Choice::Coop(coop, tile) => (
+                [
+                    &matmul_coop::MATMUL_COOP,
+                    &matmul_coop::MATMUL_COOP_BIAS,
+                    &matmul_coop::MATMUL_COOP_BIAS_GELU,
+                ],
+                matmul_coop::spec(tile, acc, types, coop),
+                (tile.bm(coop.fs), tile.bn(coop.fs)),
+            ),
+            Choice::Tiled(tile) => (
+                [
+                    &matmul::MATMUL,
+                    &matmul::MATMUL_BIAS,
+                    &matmul::MATMUL_BIAS_GELU,
+                ],
+                matmul::spec(tile, acc, types),
+                (tile.bm, tile.bn),
+            ),
         };
         let groups = [
             n.div_ceil(bn as usize) as u32,
