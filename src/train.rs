@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
 use crate::nn::Gpt2;
-use crate::optim::{AdamW, AdamWConfig, LrSchedule};
+use crate::optim::{AdamW, AdamWConfig, LossScaleConfig, LrSchedule};
 
 pub struct Trainer {
     pub model: Gpt2,
@@ -19,8 +19,13 @@ pub struct Trainer {
 }
 
 impl Trainer {
+    /// A trainer for `model`; a model in mixed precision (`Gpt2::set_amp`) gets dynamic loss
+    /// scaling.
     pub fn new(model: Gpt2, config: AdamWConfig, lr: f32, schedule: LrSchedule) -> Result<Trainer> {
-        let opt = AdamW::new(&model.params, config)?;
+        let mut opt = AdamW::new(&model.params, config)?;
+        if model.amp() {
+            opt.enable_loss_scaling(&model.params, LossScaleConfig::default())?;
+        }
         Ok(Trainer {
             model,
             opt,
@@ -31,8 +36,9 @@ impl Trainer {
     }
 
     /// One optimizer step over `micro_batches` of (inputs, targets), each (B, T) u32: their
-    /// gradients accumulate in place (each loss seeded with 1/n), then one AdamW update at the
-    /// scheduled rate. Returns the mean loss, still on the GPU.
+    /// gradients accumulate in place (each loss seeded with 1/n, times the loss scale under
+    /// mixed precision), then one AdamW update at the scheduled rate (skipped on a gradient
+    /// overflow). Returns the mean loss, still on the GPU.
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
         if micro_batches.is_empty() {
             return Err(Error::InvalidArgument {
@@ -51,7 +57,7 @@ impl Trainer {
             };
             {
                 let _span = tracing::info_span!("backward").entered();
-                let seed = Tensor::full(&dev, &[], 1.0 / n)?;
+                let seed = self.opt.loss_seed(1.0 / n)?;
                 loss.backward_with(&seed)?;
             }
             let loss = loss.detach();

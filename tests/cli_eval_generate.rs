@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use common::{assert_close, private_dev};
 use safetensors::SafeTensors;
 use wgrad::model::{evaluate, generate, load_pretrained, Generator, Sampling};
-use wgrad::nn::{Gpt2, Kernels};
+use wgrad::nn::Gpt2;
 use wgrad::{no_grad, Device, Result, Tensor};
 
 fn fixture_dir() -> PathBuf {
@@ -19,11 +19,7 @@ fn fixture_dir() -> PathBuf {
 /// The golden GPT-2 (V 512, P 64, C 64, 2 layers, 4 heads).
 fn golden(dev: &Device) -> Result<Gpt2> {
     let (config, params) = load_pretrained(dev, &fixture_dir())?;
-    Ok(Gpt2 {
-        config: config.gpt2,
-        params,
-        kernels: Kernels::Fused,
-    })
+    Ok(Gpt2::from_params(config.gpt2, params))
 }
 
 /// A tensor of expected.safetensors as f32 (ids as their values).

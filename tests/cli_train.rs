@@ -77,6 +77,10 @@ fn corpus_slice(dir: &Path, name: &str, bytes: usize) -> PathBuf {
 }
 
 fn options(model: &Path, data: &Path, steps: usize) -> TrainOptions {
+    options_amp(model, data, steps, false)
+}
+
+fn options_amp(model: &Path, data: &Path, steps: usize, amp: bool) -> TrainOptions {
     TrainOptions {
         model: ModelSource::Dir(model.to_path_buf()),
         data: data.to_path_buf(),
@@ -90,6 +94,7 @@ fn options(model: &Path, data: &Path, steps: usize) -> TrainOptions {
         grad_clip: 1.0,
         grad_accum: 2,
         seed: 5,
+        amp,
     }
 }
 
@@ -105,8 +110,20 @@ fn collect(events: &mut Vec<(usize, f32, Option<f32>)>) -> impl FnMut(&Event) + 
 
 #[test]
 fn a_resumed_run_repeats_the_uninterrupted_losses() -> Result<()> {
+    resumed_run_repeats_the_uninterrupted_losses(false)
+}
+
+/// Mixed precision too: the loss-scale state and the applied-step count (the bias
+/// corrections) travel in the checkpoint, and the f16 weight copies are remade from the loaded
+/// f32 weights.
+#[test]
+fn a_resumed_mixed_precision_run_repeats_the_uninterrupted_losses() -> Result<()> {
+    resumed_run_repeats_the_uninterrupted_losses(true)
+}
+
+fn resumed_run_repeats_the_uninterrupted_losses(amp: bool) -> Result<()> {
     let dev = private_dev();
-    let scratch = Scratch::new("resume");
+    let scratch = Scratch::new(if amp { "resume-amp" } else { "resume" });
     let model = scratch.path().join("init");
     model_dir(&dev, &model, small_config())?;
     let data = corpus_slice(scratch.path(), "slice.txt", 20_000);
@@ -118,7 +135,7 @@ fn a_resumed_run_repeats_the_uninterrupted_losses() -> Result<()> {
         eval_every: n,
         ..Default::default()
     };
-    let mut session = TrainSession::new(&dev, options(&model, &data, n + m))?;
+    let mut session = TrainSession::new(&dev, options_amp(&model, &data, n + m, amp))?;
     let summary = session.run(&control, collect(&mut whole))?;
     assert_eq!(
         whole.iter().map(|e| e.0).collect::<Vec<_>>(),
@@ -137,7 +154,7 @@ fn a_resumed_run_repeats_the_uninterrupted_losses() -> Result<()> {
     // Cut short at n (the schedule still ends at n + m), saved, resumed in a new session.
     let ckpt = scratch.path().join("ckpt");
     let mut first = Vec::new();
-    let mut cut = TrainSession::new(&dev, options(&model, &data, n + m))?;
+    let mut cut = TrainSession::new(&dev, options_amp(&model, &data, n + m, amp))?;
     let control = RunControl {
         eval_every: n,
         out: Some(ckpt.clone()),

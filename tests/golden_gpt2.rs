@@ -10,7 +10,7 @@ use std::path::Path;
 use common::{assert_close, private_dev};
 use safetensors::SafeTensors;
 use wgrad::model::load_pretrained;
-use wgrad::nn::{Gpt2, Kernels};
+use wgrad::nn::Gpt2;
 use wgrad::optim::{AdamW, AdamWConfig};
 use wgrad::{Result, Tensor};
 
@@ -52,11 +52,7 @@ impl Expected {
 fn model() -> Result<Gpt2> {
     let dev = private_dev();
     let (cfg, params) = load_pretrained(&dev, Path::new(DIR))?;
-    Ok(Gpt2 {
-        config: cfg.gpt2,
-        params,
-        kernels: Kernels::Fused,
-    })
+    Ok(Gpt2::from_params(cfg.gpt2, params))
 }
 
 /// (inputs, targets) for HF's shifted loss: ids[:, :T-1] predicting ids[:, 1:].

@@ -7,7 +7,16 @@
 //   p = p (1 - lr wd) - lr (m / bc1) / (sqrt(v / bc2) + eps)
 // with wd = weight_decay for i < n_decay (decayed parameters are laid out first) and 0 after
 // (biases, LayerNorm weights), bc1 = 1 - beta1^t, bc2 = 1 - beta2^t (PyTorch's AdamW).
+//
+// adamw_amp, the mixed-precision step: gradients arrive multiplied by the loss scale
+// (scaler[0]); an inf or NaN anywhere makes norm_sq non-finite (overflow found inside the
+// norm's reduction), and then no element is updated (the step is skipped; loss_scale.wgsl then
+// halves the scale). Otherwise g is divided by the scale before clipping and the moments, the
+// bias corrections use the count of applied steps (scaler[2] + 1, on the GPU: skipped steps do
+// not count), and the decayed prefix's f16 copy (the matmul operand) is rewritten from the new
+// value: the cast folded into the update.
 // Workgroup mapping: 256 threads, one element each; linear workgroup = wid.y * nwg.x + wid.x.
+// Specialization: TH, the copy's element type (f16 for adamw_amp; f32 otherwise, unused).
 
 struct Params {
     numel: u32,
@@ -30,8 +39,22 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> v: array<f32>;
 @group(0) @binding(4) var<storage, read> grad: array<f32>;
 @group(0) @binding(5) var<storage, read> norm_sq: array<f32>;
+@group(0) @binding(6) var<storage, read> scaler: array<f32>;        // adamw_amp: scale, ...
+@group(0) @binding(7) var<storage, read_write> half_copy: array<TH>; // adamw_amp: (n_decay)
 
 const WG: u32 = 256u;
+
+// Updates element i's moments with gradient g (unscaled, clipped) and returns the new value
+// (not yet stored).
+fn update(i: u32, g: f32, bc1: f32, bc2: f32) -> f32 {
+    let m1 = p.beta1 * m[i] + (1.0 - p.beta1) * g;
+    let v1 = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
+    m[i] = m1;
+    v[i] = v1;
+    let wd = select(0.0, p.weight_decay, i < p.n_decay);
+    let step = (m1 / bc1) / (sqrt(v1 / bc2) + p.eps);
+    return param[i] * (1.0 - p.lr * wd) - p.lr * step;
+}
 
 @compute @workgroup_size(WG)
 fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -42,12 +65,27 @@ fn adamw(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if (p.max_norm > 0.0) {
         clip = min(1.0, p.max_norm / (sqrt(norm_sq[0]) + 1e-6));
     }
-    let g = grad[i] * clip;
-    let m1 = p.beta1 * m[i] + (1.0 - p.beta1) * g;
-    let v1 = p.beta2 * v[i] + (1.0 - p.beta2) * g * g;
-    m[i] = m1;
-    v[i] = v1;
-    let wd = select(0.0, p.weight_decay, i < p.n_decay);
-    let update = (m1 / p.bc1) / (sqrt(v1 / p.bc2) + p.eps);
-    param[i] = param[i] * (1.0 - p.lr * wd) - p.lr * update;
+    param[i] = update(i, grad[i] * clip, p.bc1, p.bc2);
+}
+
+@compute @workgroup_size(WG)
+fn adamw_amp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.y * nwg.x + wid.x) * WG + lid;
+    let nsq = norm_sq[0];
+    // Not `<=` the largest f32: inf or NaN (NaN compares false).
+    if (i >= p.numel || !(nsq <= 3.4028235e38)) { return; }
+    let inv_scale = 1.0 / scaler[0];
+    var clip = 1.0;
+    if (p.max_norm > 0.0) {
+        clip = min(1.0, p.max_norm / (sqrt(nsq) * inv_scale + 1e-6));
+    }
+    let t = scaler[2] + 1.0;
+    let bc1 = 1.0 - pow(p.beta1, t);
+    let bc2 = 1.0 - pow(p.beta2, t);
+    let x = update(i, grad[i] * inv_scale * clip, bc1, bc2);
+    param[i] = x;
+    if (i < p.n_decay) {
+        half_copy[i] = TH(x);
+    }
 }

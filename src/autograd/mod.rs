@@ -135,6 +135,30 @@ pub(crate) fn record_view(
     }
 }
 
+/// `copy` (another storage holding `src`'s values, e.g. an f16 copy of a parameter) takes
+/// `src`'s place in the graph: its gradient lands in `src`'s gradient, in f32, as a view
+/// covering all of `src` would. `src` is a leaf or a node, not a view.
+pub(crate) fn alias_for_grad(src: &Tensor, copy: Tensor) -> Result<Tensor> {
+    if copy.shape() != src.shape() {
+        return Err(Error::ShapeMismatch {
+            op: "alias_for_grad",
+            expected: format!("a copy of shape {:?}", src.shape()),
+            got: copy.shape().to_vec(),
+        });
+    }
+    match meta(src) {
+        None => Ok(copy),
+        Some(Meta::View { .. }) => Err(Error::InvalidArgument {
+            op: "alias_for_grad",
+            reason: "the source is a view; alias its base".into(),
+        }),
+        Some(_) => Ok(copy.with_attachment(Some(Arc::new(Meta::View {
+            base: src.clone(),
+            rel: Layout::contiguous(src.shape()),
+        })))),
+    }
+}
+
 /// Backward of a view that has no image on its base: g reshaped (copied if need be) to the
 /// source's shape.
 struct ReshapeBackward {

@@ -20,6 +20,9 @@ pub struct Args {
     /// A model directory (its config.json) instead of a preset.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Mixed precision: f16 matmuls on f32 master weights, dynamic loss scaling.
+    #[arg(long)]
+    amp: bool,
     #[arg(long, default_value_t = 8)]
     batch: usize,
     #[arg(long, default_value_t = 512)]
@@ -41,6 +44,8 @@ struct Report {
     batch: usize,
     seq: usize,
     params: usize,
+    /// Mixed precision (--amp).
+    amp: bool,
     step0_ms: f64,
     median_ms: f64,
     min_ms: f64,
@@ -51,6 +56,9 @@ struct Report {
     dispatches_per_step: f64,
     loss_first: f32,
     loss_last: f32,
+    /// --amp: the loss scale after the last step, and the steps skipped on an overflow.
+    loss_scale: Option<f32>,
+    skipped_steps: Option<u64>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -61,7 +69,8 @@ pub fn run(args: &Args) -> Result<()> {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or(args.preset.clone());
-    let model = setup::model(&dev, config.clone(), 0)?;
+    let mut model = setup::model(&dev, config.clone(), 0)?;
+    model.set_amp(args.amp)?;
     let params = model.params.numel();
     let adamw = AdamWConfig {
         weight_decay: 0.1,
@@ -90,6 +99,7 @@ pub fn run(args: &Args) -> Result<()> {
         }
         times.push(ms);
     }
+    let scale = trainer.opt.loss_scale()?;
     let timed: Vec<f64> = times[args.warmup.max(1)..].to_vec();
     let mut sorted = timed.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
@@ -101,6 +111,7 @@ pub fn run(args: &Args) -> Result<()> {
         batch: args.batch,
         seq: args.seq,
         params,
+        amp: args.amp,
         step0_ms: times[0],
         median_ms: median,
         min_ms: sorted.first().copied().unwrap_or(0.0),
@@ -111,6 +122,8 @@ pub fn run(args: &Args) -> Result<()> {
         dispatches_per_step: dispatches as f64 / n,
         loss_first: losses[0],
         loss_last: *losses.last().expect("steps ran"),
+        loss_scale: scale.map(|s| s.scale),
+        skipped_steps: scale.map(|s| s.skipped_steps),
     };
     if args.json {
         println!(
@@ -119,8 +132,13 @@ pub fn run(args: &Args) -> Result<()> {
         );
     } else {
         println!(
-            "adapter {}; model {} ({} parameters); B x T = {} x {}",
-            report.adapter, report.model, report.params, report.batch, report.seq
+            "adapter {}; model {} ({} parameters); B x T = {} x {}; {}",
+            report.adapter,
+            report.model,
+            report.params,
+            report.batch,
+            report.seq,
+            if report.amp { "mixed precision" } else { "f32" }
         );
         println!("step 0 (cold)        {:>10.2} ms", report.step0_ms);
         println!(
@@ -142,6 +160,9 @@ pub fn run(args: &Args) -> Result<()> {
             "loss                 {:>10.4} -> {:.4}",
             report.loss_first, report.loss_last
         );
+        if let (Some(scale), Some(skipped)) = (report.loss_scale, report.skipped_steps) {
+            println!("loss scale           {scale:>10} ({skipped} steps skipped on overflow)");
+        }
     }
     Ok(())
 }

@@ -19,6 +19,9 @@ pub struct Args {
     /// A model directory (its config.json) instead of a preset.
     #[arg(long)]
     model: Option<PathBuf>,
+    /// Mixed precision: f16 matmuls on f32 master weights, dynamic loss scaling.
+    #[arg(long)]
+    amp: bool,
     #[arg(long, default_value_t = 4)]
     batch: usize,
     #[arg(long, default_value_t = 64)]
@@ -51,7 +54,8 @@ fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
-    let model = setup::model(&dev, config.clone(), 0)?;
+    let mut model = setup::model(&dev, config.clone(), 0)?;
+    model.set_amp(args.amp)?;
     let adamw = AdamWConfig {
         max_grad_norm: Some(1.0),
         ..Default::default()

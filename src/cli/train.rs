@@ -62,6 +62,10 @@ pub struct Args {
     /// Seeds the fresh weights and the batch order [default: 0].
     #[arg(long)]
     seed: Option<u64>,
+    /// Mixed precision: f16 matmuls (tensor cores where the adapter has cooperative
+    /// matrices) on f32 master weights, with dynamic loss scaling.
+    #[arg(long)]
+    amp: bool,
     /// Evaluate the mean loss over the held-out split every N steps and at the end (0: never).
     #[arg(long, default_value_t = 0)]
     eval_every: usize,
@@ -103,6 +107,7 @@ impl Args {
             grad_clip: self.grad_clip,
             grad_accum: self.grad_accum,
             seed: self.seed,
+            amp: self.amp.then_some(true),
         }
     }
 }
@@ -167,7 +172,7 @@ fn print_header(session: &TrainSession, dev: &Device, args: &Args) {
         ),
         format!(
             "training  {} steps of {} x {} tokens{}, lr {} ({:?}, {} warm-up), weight decay {}, \
-             grad clip {}, seed {}",
+             grad clip {}, seed {}{}",
             o.steps,
             o.batch,
             o.seq,
@@ -181,7 +186,12 @@ fn print_header(session: &TrainSession, dev: &Device, args: &Args) {
             o.warmup,
             o.weight_decay,
             o.grad_clip,
-            o.seed
+            o.seed,
+            if o.amp {
+                ", mixed precision (f16 matmuls, loss scaling)"
+            } else {
+                ""
+            }
         ),
     ];
     for line in lines {

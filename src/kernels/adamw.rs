@@ -41,8 +41,34 @@ pub static ADAMW: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<AdamWParams>() as u64,
 };
 
+/// The mixed-precision update: bindings as ADAMW, then the loss-scale state and the f16 copy
+/// of the chunk's decayed prefix (rw).
+pub static ADAMW_AMP: KernelDesc = KernelDesc {
+    name: "adamw_amp",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite,
+        Access::ReadWrite,
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+        Access::Read,
+        Access::ReadWrite,
+    ],
+    params_size: std::mem::size_of::<AdamWParams>() as u64,
+};
+
 pub const WORKGROUP: u64 = 256;
 
-pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
-    vec![(&ADAMW, Spec::new())]
+/// `amp`: the spec of ADAMW_AMP (an f16 copy), else of ADAMW.
+pub fn spec(amp: bool) -> Spec {
+    Spec::new().ty("TH", if amp { "f16" } else { "f32" })
+}
+
+pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
+    let mut v = vec![(&ADAMW, spec(false))];
+    if f16 {
+        v.push((&ADAMW_AMP, spec(true)));
+    }
+    v
 }

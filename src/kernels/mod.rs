@@ -19,6 +19,7 @@ mod dtype;
 pub mod elementwise;
 pub mod gather;
 pub mod layernorm;
+pub mod loss_scale;
 pub mod matmul;
 pub mod matmul_coop;
 pub mod random;
@@ -341,7 +342,8 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(matmul::variants(f16));
     v.extend(gather::variants());
     v.extend(scatter::variants());
-    v.extend(adamw::variants());
+    v.extend(adamw::variants(f16));
+    v.extend(loss_scale::variants());
     v.extend(cast::variants(f16));
     v.extend(random::variants());
     v.extend(layernorm::variants());

@@ -8,6 +8,7 @@
 //! | tensors `adamw.m.{i}`, `adamw.v.{i}` | AdamW's moments of parameter chunk i, f32 (numel_i) |
 //! | metadata `step` | optimizer steps taken (the schedule's position) |
 //! | metadata `adamw_steps` | AdamW's own step count (its bias corrections) |
+//! | tensor `adamw.loss_scale` | mixed precision only: [scale, clean steps, applied, skipped] |
 //! | metadata `data_epoch`, `data_index` | the training batches' `DataPosition` |
 //! | metadata `hyper_parameters` | the run's settings, JSON, opaque here |
 //! | metadata `weights_fnv1a64` | a fingerprint of the model.safetensors saved with it |
@@ -55,12 +56,14 @@ pub struct SavedState {
     adamw_steps: u64,
     /// (m, v) per parameter chunk.
     moments: Vec<(Vec<f32>, Vec<f32>)>,
+    /// The loss-scale state of a mixed-precision run.
+    loss_scale: Option<Vec<f32>>,
 }
 
 impl SavedState {
     /// Puts the saved moments and step count into `opt` (built for the same parameters).
     pub fn restore_optimizer(&self, opt: &mut AdamW) -> Result<()> {
-        opt.restore(&self.moments, self.adamw_steps)
+        opt.restore(&self.moments, self.adamw_steps, self.loss_scale.as_deref())
     }
 }
 
@@ -87,6 +90,9 @@ pub fn save_checkpoint(
     for (i, (m, v)) in opt.moments().iter().enumerate() {
         host.push((format!("adamw.m.{i}"), m.to_vec()?));
         host.push((format!("adamw.v.{i}"), v.to_vec()?));
+    }
+    if let Some(state) = opt.loss_scale_tensor() {
+        host.push(("adamw.loss_scale".to_string(), state.to_vec()?));
     }
     save_pretrained(dir, config, params, Some(tokenizer))?;
     let weights = file_fingerprint(&dir.join(WEIGHTS_FILE))?;
@@ -209,5 +215,10 @@ pub fn read_train_state(dir: &Path) -> Result<SavedState> {
         },
         adamw_steps: number("adamw_steps")?,
         moments,
+        loss_scale: if st.names().contains(&"adamw.loss_scale") {
+            Some(read("adamw.loss_scale")?)
+        } else {
+            None
+        },
     })
 }

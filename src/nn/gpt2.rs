@@ -4,7 +4,7 @@
 //! (C, 3C): Conv1D stores [in, out], which is what `linear` takes).
 
 use crate::error::{Error, Result};
-use crate::graph::{Device, Tensor};
+use crate::graph::{DType, Device, Tensor};
 use crate::nn::{Gpt2Config, Parameters};
 use crate::ops::Activation;
 
@@ -22,6 +22,10 @@ pub struct Gpt2 {
     pub config: Gpt2Config,
     pub params: Parameters,
     pub kernels: Kernels,
+    /// Mixed precision (`set_amp`): the matmuls read the weights' f16 copies and run in f16
+    /// with f32 accumulation; the MLP's GELU output is stored as f16 (its one consumer is a
+    /// matmul); LayerNorm, attention, softmax and cross-entropy stay f32.
+    amp: bool,
 }
 
 impl Gpt2 {
@@ -51,7 +55,50 @@ impl Gpt2 {
             config,
             params,
             kernels: Kernels::Fused,
+            amp: false,
         })
+    }
+
+    /// A model over parameters that already hold its weights (loaded from a file).
+    pub fn from_params(config: Gpt2Config, params: Parameters) -> Gpt2 {
+        Gpt2 {
+            config,
+            params,
+            kernels: Kernels::Fused,
+            amp: false,
+        }
+    }
+
+    /// Turns mixed precision on (f16 copies of the weights, made from their current values;
+    /// the optimizer keeps them current) or off.
+    pub fn set_amp(&mut self, on: bool) -> Result<()> {
+        let gpu = self.params.device().gpu();
+        if on && !gpu.has(wgpu::Features::SHADER_F16) {
+            return Err(Error::InvalidArgument {
+                op: "--amp",
+                reason: format!(
+                    "mixed precision needs f16 in shaders (shader-f16), which {} lacks",
+                    gpu.info.name
+                ),
+            });
+        }
+        if on {
+            self.params.enable_half()?;
+        }
+        self.amp = on;
+        Ok(())
+    }
+
+    pub fn amp(&self) -> bool {
+        self.amp
+    }
+
+    /// A matmul weight: its f16 copy under mixed precision.
+    fn w(&self, name: &str) -> Result<&Tensor> {
+        match self.params.half(name) {
+            Some(h) if self.amp => Ok(h),
+            _ => self.p(name),
+        }
     }
 
     fn p(&self, name: &str) -> Result<&Tensor> {
@@ -61,8 +108,12 @@ impl Gpt2 {
         })
     }
 
-    /// Logits (B, T, V) for token ids (B, T) (a u32 tensor).
+    /// Logits (B, T, V) for token ids (B, T) (a u32 tensor), f32.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        crate::ops::autocast(self.amp, || self.forward_logits(ids))
+    }
+
+    fn forward_logits(&self, ids: &Tensor) -> Result<Tensor> {
         let cfg = &self.config;
         if ids.rank() != 2 {
             return Err(Error::ShapeMismatch {
@@ -96,21 +147,26 @@ impl Gpt2 {
             cfg.layer_norm_epsilon,
         )?;
         // LM head tied to wte: (B, T, C) @ (C, V).
-        self.linear(&x, &self.p("wte.weight")?.t()?, None, Activation::None)
+        self.linear(&x, &self.w("wte.weight")?.t()?, None, Activation::None)
     }
 
     /// One pre-LayerNorm block on x (B, T, C).
     pub fn block(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        crate::ops::autocast(self.amp, || self.block_inner(i, x))
+    }
+
+    fn block_inner(&self, i: usize, x: &Tensor) -> Result<Tensor> {
         let cfg = &self.config;
         let (b, t, c) = (x.shape()[0], x.shape()[1], cfg.n_embd);
         let (h, d) = (cfg.n_head, cfg.n_embd / cfg.n_head);
         let p = |s: &str| self.p(&format!("h.{i}.{s}"));
+        let w = |s: &str| self.w(&format!("h.{i}.{s}"));
         let eps = cfg.layer_norm_epsilon;
 
         let a = self.layer_norm(x, p("ln_1.weight")?, p("ln_1.bias")?, eps)?;
         let qkv = self.linear(
             &a,
-            p("attn.c_attn.weight")?,
+            w("attn.c_attn.weight")?,
             Some(p("attn.c_attn.bias")?),
             Activation::None,
         )?; // (B, T, 3C)
@@ -127,22 +183,23 @@ impl Gpt2 {
         let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?; // (B, T, C)
         let y = self.linear(
             &y,
-            p("attn.c_proj.weight")?,
+            w("attn.c_proj.weight")?,
             Some(p("attn.c_proj.bias")?),
             Activation::None,
         )?;
         let x = x.add(&y)?;
 
         let m = self.layer_norm(&x, p("ln_2.weight")?, p("ln_2.bias")?, eps)?;
-        let m = self.linear(
+        let m = self.linear_as(
             &m,
-            p("mlp.c_fc.weight")?,
+            w("mlp.c_fc.weight")?,
             Some(p("mlp.c_fc.bias")?),
             Activation::Gelu,
+            if self.amp { DType::F16 } else { DType::F32 },
         )?; // (B, T, 4C)
         let m = self.linear(
             &m,
-            p("mlp.c_proj.weight")?,
+            w("mlp.c_proj.weight")?,
             Some(p("mlp.c_proj.bias")?),
             Activation::None,
         )?;
@@ -172,8 +229,20 @@ impl Gpt2 {
         b: Option<&Tensor>,
         act: Activation,
     ) -> Result<Tensor> {
+        self.linear_as(x, w, b, act, DType::F32)
+    }
+
+    /// `linear` storing its output as `dtype` (the reference composition stays f32).
+    fn linear_as(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        act: Activation,
+        dtype: DType,
+    ) -> Result<Tensor> {
         match self.kernels {
-            Kernels::Fused => x.linear(w, b, act),
+            Kernels::Fused => x.linear_as(w, b, act, dtype),
             Kernels::Reference => x.linear_reference(w, b, act),
         }
     }

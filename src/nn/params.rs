@@ -3,9 +3,16 @@
 //! a whole chunk. Decayed parameters come first in a chunk (AdamW's no-decay set is a suffix);
 //! offsets are multiples of 4 elements (the vec4 kernel paths stay available). A chunk holds at
 //! most the adapter's max storage binding.
+//!
+//! For mixed precision (`enable_half`), each chunk's decayed prefix (the matmul weights and the
+//! embeddings) also gets an f16 copy that the optimizer kernel rewrites with every update, so
+//! the matmuls read f16 weights with no cast kernel in the step. A parameter's f16 copy is a
+//! view into it that stands for the f32 parameter in the graph: its gradient lands in the f32
+//! gradient.
 
+use crate::autograd::alias_for_grad;
 use crate::error::{Error, Result};
-use crate::graph::{Device, Tensor};
+use crate::graph::{DType, Device, Tensor};
 
 /// A parameter to allocate.
 #[derive(Clone, Debug)]
@@ -22,11 +29,18 @@ pub(crate) struct Chunk {
     pub grad: Tensor,
     pub numel: usize,
     pub n_decay: usize,
+    /// f16 copy of `data[..n_decay]` (mixed precision only; 4 unused elements when n_decay
+    /// is 0).
+    pub half: Option<Tensor>,
 }
 
 struct Param {
     name: String,
     tensor: Tensor,
+    chunk: usize,
+    offset: usize,
+    /// The f16 copy standing for `tensor` (mixed precision, decayed parameters only).
+    half: Option<Tensor>,
 }
 
 pub struct Parameters {
@@ -81,6 +95,7 @@ impl Parameters {
                 grad: Tensor::zeros(device, &[numel])?,
                 numel,
                 n_decay,
+                half: None,
             });
         }
         let mut params = Vec::new();
@@ -96,6 +111,9 @@ impl Parameters {
             params.push(Param {
                 name: spec.name.clone(),
                 tensor,
+                chunk: c,
+                offset: off,
+                half: None,
             });
         }
         Ok(Parameters {
@@ -120,6 +138,53 @@ impl Parameters {
     /// (name, tensor) in the order the specs were given.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Tensor)> {
         self.params.iter().map(|p| (p.name.as_str(), &p.tensor))
+    }
+
+    /// Gives every decayed parameter an f16 copy (see the module doc), filled from the f32
+    /// values now; nothing when already on.
+    pub fn enable_half(&mut self) -> Result<()> {
+        if self.chunks.iter().any(|c| c.half.is_some()) {
+            return Ok(());
+        }
+        for c in &mut self.chunks {
+            // A chunk without decayed parameters gets a token copy: the update kernel binds one.
+            let numel = c.n_decay.max(ALIGN);
+            c.half = Some(Tensor::uninit(
+                &self.device,
+                &[numel],
+                DType::F16,
+                "params",
+            )?);
+        }
+        for p in &mut self.params {
+            let numel = p.tensor.numel();
+            let chunk = &self.chunks[p.chunk];
+            if let Some(half) = chunk.half.as_ref().filter(|_| p.offset < chunk.n_decay) {
+                let view = half.narrow(0, p.offset, numel)?.reshape(p.tensor.shape())?;
+                p.half = Some(alias_for_grad(&p.tensor, view)?);
+            }
+        }
+        self.refresh_half()
+    }
+
+    /// Rewrites the f16 copies from the f32 values (after weights were loaded or restored;
+    /// the optimizer keeps them current otherwise). One cast dispatch per chunk.
+    pub fn refresh_half(&self) -> Result<()> {
+        for c in &self.chunks {
+            if let Some(half) = &c.half {
+                let n = c.n_decay;
+                c.data.narrow(0, 0, n)?.cast_into(&half.narrow(0, 0, n)?)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The f16 copy of parameter `name`, when mixed precision is on and it has one.
+    pub fn half(&self, name: &str) -> Option<&Tensor> {
+        self.params
+            .iter()
+            .find(|p| p.name == name)
+            .and_then(|p| p.half.as_ref())
     }
 
     pub fn len(&self) -> usize {

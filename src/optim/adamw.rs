@@ -3,10 +3,18 @@
 //! chunk into one partials buffer, stage 2 into a scalar), then one fused AdamW dispatch per
 //! parameter chunk that reads that scalar itself: no host round-trip. Moments are allocated
 //! once; gradients are marked zero afterwards (no dispatch).
+//!
+//! Mixed precision (`enable_loss_scaling`, with the parameters' f16 copies on): the loss is
+//! seeded with the loss scale (`loss_seed`), so every gradient arrives scaled; the norm is
+//! always reduced, an overflow (inf or NaN in any gradient) shows as a non-finite norm, and
+//! the update kernel then skips the step; one more dispatch halves the scale after an overflow
+//! and doubles it after `growth_interval` clean steps. The scale lives on the GPU: no host
+//! sync per step.
 
 use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
 use crate::kernels::adamw::{self, AdamWParams};
+use crate::kernels::loss_scale::{self, LossScaleParams};
 use crate::kernels::pack8;
 use crate::kernels::reduce::{self, ReduceOp, ReduceParams};
 use crate::nn::Parameters;
@@ -32,6 +40,40 @@ impl Default for AdamWConfig {
     }
 }
 
+/// Dynamic loss scaling (PyTorch's GradScaler defaults).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossScaleConfig {
+    pub init_scale: f32,
+    /// Clean steps before the scale grows.
+    pub growth_interval: u32,
+    pub growth: f32,
+    /// Factor after an overflow.
+    pub backoff: f32,
+    pub max_scale: f32,
+}
+
+impl Default for LossScaleConfig {
+    fn default() -> Self {
+        LossScaleConfig {
+            init_scale: 65536.0,
+            growth_interval: 2000,
+            growth: 2.0,
+            backoff: 0.5,
+            max_scale: 16_777_216.0,
+        }
+    }
+}
+
+/// Where the loss scale stands (read back from the GPU).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossScaleState {
+    pub scale: f32,
+    /// Steps applied (not skipped) so far.
+    pub applied_steps: u64,
+    /// Steps skipped on an overflow so far.
+    pub skipped_steps: u64,
+}
+
 /// Lanes of the norm's stage 1 fold this many elements each before another partial pays off.
 const ELEMENTS_PER_LANE: u64 = 8;
 /// Stage-1 workgroups per chunk at most (stage 2 folds all partials in one workgroup).
@@ -47,6 +89,8 @@ pub struct AdamW {
     partial_groups: Vec<(u32, u32)>, // (offset, groups) per chunk
     /// The global squared gradient norm of the last step, shape [1].
     norm_sq: Tensor,
+    /// Mixed precision: the loss-scale state [scale, clean steps, applied, skipped].
+    scaler: Option<(LossScaleConfig, Tensor)>,
 }
 
 impl AdamW {
@@ -73,7 +117,53 @@ impl AdamW {
             partials: Tensor::zeros(dev, &[total as usize])?,
             partial_groups,
             norm_sq: Tensor::zeros(dev, &[1])?,
+            scaler: None,
         })
+    }
+
+    /// Turns on dynamic loss scaling (the mixed-precision step; the parameters need their
+    /// f16 copies, `Parameters::enable_half`).
+    pub fn enable_loss_scaling(
+        &mut self,
+        params: &Parameters,
+        config: LossScaleConfig,
+    ) -> Result<()> {
+        if params.chunks.iter().any(|c| c.half.is_none()) {
+            return Err(Error::InvalidArgument {
+                op: "AdamW loss scaling",
+                reason: "the parameters have no f16 copies (Parameters::enable_half first)".into(),
+            });
+        }
+        let state = Tensor::from_slice(params.device(), &[config.init_scale, 0.0, 0.0, 0.0], &[4])?;
+        self.scaler = Some((config, state));
+        Ok(())
+    }
+
+    /// The seed of a loss's backward: `factor` (e.g. 1 / micro-batches) times the loss scale
+    /// when scaling is on, read on the GPU (one dispatch either way).
+    pub fn loss_seed(&self, factor: f32) -> Result<Tensor> {
+        match &self.scaler {
+            Some((_, state)) => state.narrow(0, 0, 1)?.reshape(&[])?.mul_scalar(factor),
+            None => Tensor::full(self.norm_sq.device(), &[], factor),
+        }
+    }
+
+    /// The loss-scale state tensor [scale, clean steps, applied, skipped] (checkpoints save it).
+    pub(crate) fn loss_scale_tensor(&self) -> Option<&Tensor> {
+        self.scaler.as_ref().map(|(_, t)| t)
+    }
+
+    /// Where the loss scale stands; None without scaling. Reads back (a host sync).
+    pub fn loss_scale(&self) -> Result<Option<LossScaleState>> {
+        let Some((_, t)) = &self.scaler else {
+            return Ok(None);
+        };
+        let v = t.to_vec()?;
+        Ok(Some(LossScaleState {
+            scale: v[0],
+            applied_steps: v[2] as u64,
+            skipped_steps: v[3] as u64,
+        }))
     }
 
     /// Steps taken so far.
@@ -89,7 +179,12 @@ impl AdamW {
 
     /// Restores the moments and the step count a checkpoint saved (the bias corrections
     /// continue from `steps`). The moments must match this optimizer's chunk sizes.
-    pub(crate) fn restore(&mut self, moments: &[(Vec<f32>, Vec<f32>)], steps: u64) -> Result<()> {
+    pub(crate) fn restore(
+        &mut self,
+        moments: &[(Vec<f32>, Vec<f32>)],
+        steps: u64,
+        loss_scale: Option<&[f32]>,
+    ) -> Result<()> {
         let built: Vec<usize> = self.moments.iter().map(|(m, _)| m.numel()).collect();
         let given: Vec<usize> = moments.iter().map(|(m, _)| m.len()).collect();
         let v_ok = moments.iter().all(|(m, v)| m.len() == v.len());
@@ -100,6 +195,26 @@ impl AdamW {
                     "the optimizer has chunks of {built:?} elements, the saved moments {given:?}"
                 ),
             });
+        }
+        match (&self.scaler, loss_scale) {
+            (Some((_, t)), Some(saved)) => t.copy_from_slice(saved)?,
+            (None, None) => {}
+            (Some(_), None) => {
+                return Err(Error::InvalidArgument {
+                    op: "AdamW restore",
+                    reason: "this run scales the loss (mixed precision) but the checkpoint \
+                             saved no loss-scale state"
+                        .into(),
+                })
+            }
+            (None, Some(_)) => {
+                return Err(Error::InvalidArgument {
+                    op: "AdamW restore",
+                    reason: "the checkpoint is of a mixed-precision run (a loss-scale state) but \
+                             this run is f32"
+                        .into(),
+                })
+            }
         }
         for ((m, v), (hm, hv)) in self.moments.iter().zip(moments) {
             m.copy_from_slice(hm)?;
@@ -140,7 +255,7 @@ impl AdamW {
         params.zero_unwritten_grads()?;
         self.step += 1;
         let c = self.config;
-        if c.max_grad_norm.is_some() {
+        if c.max_grad_norm.is_some() || self.scaler.is_some() {
             self.record_norm(params)?;
         }
         let t = self.step as i32;
@@ -159,18 +274,37 @@ impl AdamW {
                 _pad: [0; 2],
             };
             let groups = dev.grid((chunk.numel as u64).div_ceil(adamw::WORKGROUP));
+            let mut storages = vec![
+                chunk.data.storage(),
+                m.storage(),
+                v.storage(),
+                chunk.grad.storage(),
+                self.norm_sq.storage(),
+            ];
+            match (&self.scaler, &chunk.half) {
+                (Some((_, state)), Some(half)) => {
+                    storages.extend([state.storage(), half.storage()]);
+                    dev.record(&adamw::ADAMW_AMP, &adamw::spec(true), &p, &storages, groups);
+                }
+                (Some(_), None) => unreachable!("enable_loss_scaling checked the f16 copies"),
+                (None, _) => {
+                    dev.record(&adamw::ADAMW, &adamw::spec(false), &p, &storages, groups);
+                }
+            }
+        }
+        if let Some((cfg, state)) = &self.scaler {
+            let p = LossScaleParams {
+                growth_interval: cfg.growth_interval,
+                growth: cfg.growth,
+                backoff: cfg.backoff,
+                max_scale: cfg.max_scale,
+            };
             dev.record(
-                &adamw::ADAMW,
+                &loss_scale::LOSS_SCALE_UPDATE,
                 &crate::kernels::Spec::new(),
                 &p,
-                &[
-                    chunk.data.storage(),
-                    m.storage(),
-                    v.storage(),
-                    chunk.grad.storage(),
-                    self.norm_sq.storage(),
-                ],
-                groups,
+                &[state.storage(), self.norm_sq.storage()],
+                [1, 1, 1],
             );
         }
         Ok(())

@@ -4,5 +4,5 @@
 mod adamw;
 mod schedule;
 
-pub use adamw::{AdamW, AdamWConfig};
+pub use adamw::{AdamW, AdamWConfig, LossScaleConfig, LossScaleState};
 pub use schedule::LrSchedule;

@@ -18,7 +18,7 @@ use crate::model::{
     eval_batch_size, load_pretrained, mean_loss, read_train_state, save_checkpoint, BatchSampler,
     EvalReport, HfConfig, TokenDataset, Tokenizer, TrainState,
 };
-use crate::nn::{Gpt2, Kernels};
+use crate::nn::Gpt2;
 use crate::ops::{launch_copy, Out};
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::train::Trainer;
@@ -35,11 +35,7 @@ pub use options::{
 pub fn load_model(device: &Device, dir: &Path) -> Result<(HfConfig, Gpt2, Tokenizer)> {
     let (config, params) = load_pretrained(device, dir)?;
     let tokenizer = Tokenizer::for_model(dir, &config)?;
-    let model = Gpt2 {
-        config: config.gpt2.clone(),
-        params,
-        kernels: Kernels::Fused,
-    };
+    let model = Gpt2::from_params(config.gpt2.clone(), params);
     Ok((config, model, tokenizer))
 }
 
@@ -148,7 +144,7 @@ impl TrainSession {
     fn assemble(
         options: TrainOptions,
         config: HfConfig,
-        model: Gpt2,
+        mut model: Gpt2,
         tokenizer: Tokenizer,
         data: TokenDataset,
     ) -> Result<TrainSession> {
@@ -178,6 +174,7 @@ impl TrainSession {
                 min_ratio: 0.1,
             },
         };
+        model.set_amp(options.amp)?;
         let trainer = Trainer::new(model, adamw, options.lr, schedule)?;
         let data_fingerprint = tokens_fingerprint(data.tokens());
         Ok(TrainSession {

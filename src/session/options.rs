@@ -73,6 +73,9 @@ pub struct TrainOptions {
     pub grad_accum: usize,
     /// Seeds the fresh weights and the batch order.
     pub seed: u64,
+    /// Mixed precision: f16 matmuls on f32 master weights, dynamic loss scaling.
+    #[serde(default)]
+    pub amp: bool,
 }
 
 /// Defaults of `wgrad train` with no flags: the tiny preset on the bundled corpus, sized so
@@ -92,6 +95,7 @@ impl Default for TrainOptions {
             grad_clip: 1.0,
             grad_accum: 1,
             seed: 0,
+            amp: false,
         }
     }
 }
@@ -111,6 +115,7 @@ pub struct OptionFlags {
     pub grad_clip: Option<f32>,
     pub grad_accum: Option<usize>,
     pub seed: Option<u64>,
+    pub amp: Option<bool>,
 }
 
 impl OptionFlags {
@@ -130,6 +135,7 @@ impl OptionFlags {
             grad_clip: self.grad_clip.unwrap_or(d.grad_clip),
             grad_accum: self.grad_accum.unwrap_or(d.grad_accum),
             seed: self.seed.unwrap_or(d.seed),
+            amp: self.amp.unwrap_or(d.amp),
         }
     }
 
@@ -179,6 +185,7 @@ impl OptionFlags {
             s.grad_accum.to_string(),
         );
         check("seed", self.seed.map(|x| x.to_string()), s.seed.to_string());
+        check("amp", self.amp.map(|x| x.to_string()), s.amp.to_string());
         if self.model.is_some() {
             differ.push("--preset/--model (a resumed run's model is the checkpoint's)".into());
         }
