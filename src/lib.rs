@@ -17,6 +17,7 @@ pub mod optim;
 pub mod profile;
 pub mod session;
 pub mod train;
+pub mod tune;
 
 pub use autograd::no_grad;
 pub use device::DeviceOptions;

@@ -240,3 +240,54 @@ fn casts_round_trip_and_pass_gradients_through() {
         "the gradient passes through both casts",
     );
 }
+
+/// Operands laid out every way the mixed-precision kernels read them: unit-stride along K or
+/// along M/N (transposed views), rows whose length is a multiple of 8, of 4 only (a partial
+/// last unit), or neither (units gathered element by element), views at an aligned and at an
+/// unaligned offset, f16 and f32 storage; several tiles in each dim. (On adapters with
+/// cooperative matrices these are the vector and gathered unit paths of that kernel.)
+#[test]
+fn f16_operand_layouts_and_offsets() {
+    let d = dev();
+    let mut rng = rng("f16 matmul layouts");
+    for s in [(40, 64, 48), (36, 44, 52), (130, 96, 72), (257, 136, 264)] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            for dtype in [DType::F16, DType::F32] {
+                check_half(d, &mut rng, s, ta, tb, dtype);
+            }
+        }
+    }
+    // Views into larger tensors: rows 1.. (offset and row stride K = 48: vector units),
+    // columns 4.. of rows of 52 (offset 4, stride 52: vector units, stride past K), columns 1..
+    // (offset 1: gathered units).
+    let (m, k, n) = (67, 48, 40);
+    let tall = Arr::rand(&mut rng, &[m + 1, k], -1.0, 1.0);
+    let wide = Arr::rand(&mut rng, &[m, k + 4], -1.0, 1.0);
+    let b = Arr::rand(&mut rng, &[k, n], -1.0, 1.0);
+    let y = upload_as(d, &b, DType::F16);
+    for dtype in [DType::F16, DType::F32] {
+        let (t, w) = (upload_as(d, &tall, dtype), upload_as(d, &wide, dtype));
+        for (what, view, want) in [
+            ("rows 1..", t.narrow(0, 1, m).unwrap(), tall.narrow(0, 1, m)),
+            (
+                "columns 4..",
+                w.narrow(1, 4, k).unwrap(),
+                wide.narrow(1, 4, k),
+            ),
+            (
+                "columns 1..",
+                w.narrow(1, 1, k).unwrap(),
+                wide.narrow(1, 1, k),
+            ),
+        ] {
+            poison(d, m * n);
+            let c = autocast(true, || view.matmul(&y)).unwrap();
+            check(
+                &c,
+                &round_f16(&want).matmul(&round_f16(&b)),
+                ROUNDED_TOL,
+                &format!("A = {what} of a {dtype:?} tensor"),
+            );
+        }
+    }
+}

@@ -1,27 +1,35 @@
 // Mixed-precision batched matmul on cooperative matrices (tensor cores): C[b] (+)= A[b] @ B[b]
-// with the operands rounded to f16 and the products accumulated in f32. Same Params, bindings
-// and epilogues as matmul.wgsl (whose TS = f16 variant computes the same thing without
-// cooperative matrices), so the launcher picks either kernel for a product. Entry points:
-// matmul_coop, matmul_coop_bias, matmul_coop_bias_gelu.
+// with the operands rounded to f16 and the products accumulated in f32. Same Params and
+// epilogues as matmul.wgsl (whose TS = f16 variant computes the same thing without cooperative
+// matrices), so the launcher picks either kernel for a product. Entry points: matmul_coop,
+// matmul_coop_bias, matmul_coop_bias_gelu.
 //
-// Fragments are FS x FS (16 on NVIDIA's Vulkan driver, 8 on Apple): MA, MB, MC alias the
-// f16 A and B and the f32 accumulator cooperative-matrix types of that size.
-// Workgroup tile BM x BN = (SG_M * FM * FS) x (SG_N * FN * FS): SG_M x SG_N subgroups of SGS
-// lanes, each owning FM x FN f32 accumulators. K advances BK at a time: every lane stages
-// its share of the A (BM x BK) and B (BK x BN) tiles into workgroup memory as f16, reading
-// either operand through its strides along its unit-stride dim (zero past M, N and K, so any
-// size works); then each subgroup multiplies its fragments out of workgroup memory. The
-// epilogue goes through an FS x FS f32 scratch tile per subgroup: the subgroup stores one
-// accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32
-// or f16) through its strides with bounds checks.
+// Memory layout. A (batch, M, K), B (batch, K, N), C (batch, M, N), each read or written
+// through its strides (a_ms/a_ks, b_ks/b_ns, c_ms/c_ns; a batch stride of 0 broadcasts). A and
+// B are bound as arrays of 4-element vectors (AV, AV_B: vec4 of f16 or f32) and read in
+// *units*: 8 consecutive elements along one dim of the operand, its unit dim (A_UK: k, else m;
+// B_UN: n, else k), rounded to f16. With A_VEC (B_VEC) the launcher has checked that the unit
+// dim is unit-stride and every unit starts on a vector, so a unit is two vector loads;
+// otherwise it is gathered element by element. Units past M, N or K read as zero (a partial
+// unit is masked), so any size works.
 //
-// coopLoadT/coopStoreT are the row-major forms; Vulkan wants their pointers and strides
-// 16-byte aligned, hence the tile row strides (BK + 8 and BN + 8 halves; the padding also
-// spreads rows over banks). Indices and strides are bound to `let`s first (naga's SPIR-V
-// backend needs named expressions there).
+// Workgroup mapping. The workgroup tile BM x BN = (SG_M * FM * FS) x (SG_N * FN * FS): SG_M x
+// SG_N subgroups of SGS lanes, each owning FM x FN accumulators of FS x FS (16 on NVIDIA's
+// Vulkan driver, 8 on Apple): MA, MB, MC alias the f16 A, f16 B and f32 accumulator matrix
+// types. K advances BK at a time: each lane fetches its UA + UB units of the next step into
+// registers while the subgroups multiply the current step out of workgroup memory (one
+// barrier-separated buffer, loads in flight across the multiply). The tiles are stored along
+// the unit dim (A as [m][k] or [k][m], B as [k][n] or [n][k]) in SHT elements of SHW halves
+// each (the tile snippet: 16-byte words where cooperative loads take them, else f16), rows
+// padded by 8 halves so the rows a fragment load touches fall in different banks; fragments are
+// loaded row-major (coopLoadT) or column-major (coopLoad) to match.
+// The epilogue goes through an FS x FS f32 scratch tile per subgroup: the subgroup stores one
+// accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
+// f16) through its strides with bounds checks.
 // Grid: x over N tiles, y over M tiles, z over the batch.
-// Specialization: FS, SGS, SG_M, SG_N, FM, FN, BK, ACC; types MA, MB, MC, TA, TB, TC (TS is
-// unused: the tiles are always f16).
+//
+// Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
+// backend needs named expressions there).
 
 enable wgpu_cooperative_matrix;
 
@@ -50,101 +58,174 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> c: array<TC>;
-@group(0) @binding(2) var<storage, read> a: array<TA>;
-@group(0) @binding(3) var<storage, read> b: array<TB>;
-@group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
-@group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
+@group(0) @binding(2) var<storage, read> a: array<AV>;         // A's elements, 4 a vector
+@group(0) @binding(3) var<storage, read> b: array<AV_B>;       // B's elements, 4 a vector
+@group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_coop_bias*
+@group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_coop_bias_gelu
 
 const WG: u32 = SG_M * SG_N * SGS;
 const BM: u32 = SG_M * FM * FS;
 const BN: u32 = SG_N * FN * FS;
-const AS: u32 = BK + 8u; // row stride of the A tile, [m][k]
-const BS: u32 = BN + 8u; // row stride of the B tile, [k][n]
-const FRAGS: u32 = FM * FN;
 
-var<workgroup> a_sh: array<f16, BM * AS>;
-var<workgroup> b_sh: array<f16, BK * BS>;
+// Units per tile row, and tile rows padded by one unit (8 halves), in halves.
+const A_UNITS: u32 = select(BM, BK, A_UK) / 8u;
+const B_UNITS: u32 = select(BK, BN, B_UN) / 8u;
+const AS: u32 = (A_UNITS + 1u) * 8u;
+const BS: u32 = (B_UNITS + 1u) * 8u;
+// Units each lane fetches per step of K.
+const UA: u32 = BM * BK / 8u / WG;
+const UB: u32 = BK * BN / 8u / WG;
+
+var<workgroup> a_sh: array<SHT, select(BK, BM, A_UK) * AS / SHW>;
+var<workgroup> b_sh: array<SHT, select(BN, BK, B_UN) * BS / SHW>;
 const FE: u32 = FS * FS; // elements of a fragment
+const FRAGS: u32 = FM * FN;
 var<workgroup> c_sh: array<f32, SG_M * SG_N * FE>;
 
-var<private> acc: array<MC, FRAGS>;
-
-fn stage(wid: vec3<u32>, lid: u32, k0: u32) {
-    let row0 = wid.y * BM;
-    let col0 = wid.x * BN;
-    let a_base = p.a_off + wid.z * p.a_bs;
-    let b_base = p.b_off + wid.z * p.b_bs;
-    let a_m_fast = p.a_ms == 1u && p.a_ks != 1u;
-    for (var e = lid; e < BM * BK; e += WG) {
-        var mm = e / BK;
-        var kk = e % BK;
-        if (a_m_fast) {
-            mm = e % BM;
-            kk = e / BM;
-        }
-        let gm = row0 + mm;
-        let gk = k0 + kk;
-        var v = f16(0.0);
-        if (gm < p.m && gk < p.k) {
-            v = f16(a[a_base + gm * p.a_ms + gk * p.a_ks]);
-        }
-        a_sh[mm * AS + kk] = v;
-    }
-    let b_k_fast = p.b_ks == 1u && p.b_ns != 1u;
-    for (var e = lid; e < BK * BN; e += WG) {
-        var kk = e / BN;
-        var nn = e % BN;
-        if (b_k_fast) {
-            kk = e % BK;
-            nn = e / BK;
-        }
-        let gk = k0 + kk;
-        let gn = col0 + nn;
-        var v = f16(0.0);
-        if (gk < p.k && gn < p.n) {
-            v = f16(b[b_base + gk * p.b_ks + gn * p.b_ns]);
-        }
-        b_sh[kk * BS + nn] = v;
-    }
+// A unit: 8 elements rounded to f16.
+struct Unit {
+    lo: vec4<f16>,
+    hi: vec4<f16>,
 }
 
-// The subgroup's FM x FN accumulators of the workgroup's tile of A @ B, in `acc`.
-fn product(wid: vec3<u32>, lid: u32, sg: u32) {
-    let sm = sg / SG_N;
-    let sn = sg % SG_N;
-    for (var f = 0u; f < FRAGS; f++) {
-        acc[f] = MC();
-    }
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        stage(wid, lid, k0);
-        workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk += FS) {
-            var bf: array<MB, FN>;
-            for (var j = 0u; j < FN; j++) {
-                let off = kk * BS + (sn * FN + j) * FS;
-                let s = BS;
-                bf[j] = coopLoadT<MB>(&b_sh[off], s);
-            }
-            for (var i = 0u; i < FM; i++) {
-                let off = (sm * FM + i) * FS * AS + kk;
-                let s = AS;
-                let af = coopLoadT<MA>(&a_sh[off], s);
-                for (var j = 0u; j < FN; j++) {
-                    acc[i * FN + j] = coopMultiplyAdd(af, bf[j], acc[i * FN + j]);
-                }
-            }
+// The unit of A starting at element i, elements `st` apart, the first nv valid (the rest zero).
+// A vector of AV holds 4 elements whatever their type.
+fn unit_a(i: u32, st: u32, nv: u32) -> Unit {
+    var u: Unit;
+    if (A_VEC) {
+        u.lo = vec4<f16>(a[i >> 2u]);
+        u.hi = vec4<f16>(a[(i >> 2u) + 1u]);
+        if (nv < 8u) {
+            let j = vec4<u32>(0u, 1u, 2u, 3u);
+            u.lo = select(vec4<f16>(), u.lo, j < vec4<u32>(nv));
+            u.hi = select(vec4<f16>(), u.hi, j + 4u < vec4<u32>(nv));
         }
-        workgroupBarrier();
+        return u;
     }
+    for (var j = 0u; j < 4u; j++) {
+        if (j < nv) {
+            let e = i + j * st;
+            u.lo[j] = f16(a[e >> 2u][e & 3u]);
+        }
+        if (j + 4u < nv) {
+            let e = i + (j + 4u) * st;
+            u.hi[j] = f16(a[e >> 2u][e & 3u]);
+        }
+    }
+    return u;
 }
 
-// Accumulator f of subgroup sg into the subgroup's scratch tile (row-major FS x FS); the
-// barrier after it makes the tile visible to the subgroup's lanes.
-fn spill(f: u32, sg: u32) {
-    let off = sg * FE;
-    let s = FS;
-    coopStoreT(acc[f], &c_sh[off], s);
+fn unit_b(i: u32, st: u32, nv: u32) -> Unit {
+    var u: Unit;
+    if (B_VEC) {
+        u.lo = vec4<f16>(b[i >> 2u]);
+        u.hi = vec4<f16>(b[(i >> 2u) + 1u]);
+        if (nv < 8u) {
+            let j = vec4<u32>(0u, 1u, 2u, 3u);
+            u.lo = select(vec4<f16>(), u.lo, j < vec4<u32>(nv));
+            u.hi = select(vec4<f16>(), u.hi, j + 4u < vec4<u32>(nv));
+        }
+        return u;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if (j < nv) {
+            let e = i + j * st;
+            u.lo[j] = f16(b[e >> 2u][e & 3u]);
+        }
+        if (j + 4u < nv) {
+            let e = i + (j + 4u) * st;
+            u.hi[j] = f16(b[e >> 2u][e & 3u]);
+        }
+    }
+    return u;
 }
+
+// Unit j of this lane's share of the A tile at k0: unit t = lid + j * WG of the tile is row
+// t / A_UNITS (m, or k when the units run along m), unit column t % A_UNITS.
+fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
+    let t = lid + j * WG;
+    let row = t / A_UNITS;
+    let col = (t % A_UNITS) * 8u;
+    var gm = wid.y * BM + row;
+    var gk = k0 + col;
+    if (!A_UK) {
+        gm = wid.y * BM + col;
+        gk = k0 + row;
+    }
+    var u: Unit;
+    if (gm < p.m && gk < p.k) {
+        let i = p.a_off + wid.z * p.a_bs + gm * p.a_ms + gk * p.a_ks;
+        if (A_UK) {
+            u = unit_a(i, p.a_ks, min(8u, p.k - gk));
+        } else {
+            u = unit_a(i, p.a_ms, min(8u, p.m - gm));
+        }
+    }
+    return u;
+}
+
+fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
+    let t = lid + j * WG;
+    let row = t / B_UNITS;
+    let col = (t % B_UNITS) * 8u;
+    var gk = k0 + row;
+    var gn = wid.x * BN + col;
+    if (!B_UN) {
+        gk = k0 + col;
+        gn = wid.x * BN + row;
+    }
+    var u: Unit;
+    if (gk < p.k && gn < p.n) {
+        let i = p.b_off + wid.z * p.b_bs + gk * p.b_ks + gn * p.b_ns;
+        if (B_UN) {
+            u = unit_b(i, p.b_ns, min(8u, p.n - gn));
+        } else {
+            u = unit_b(i, p.b_ks, min(8u, p.k - gk));
+        }
+    }
+    return u;
+}
+
+// Unit t of a tile goes to halves (t / UNITS) * ROW + (t % UNITS) * 8 (put_a / put_b come
+// with the tile snippet).
+fn store_a(lid: u32, j: u32, u: Unit) {
+    let t = lid + j * WG;
+    put_a((t / A_UNITS) * AS + (t % A_UNITS) * 8u, u);
+}
+
+fn store_b(lid: u32, j: u32, u: Unit) {
+    let t = lid + j * WG;
+    put_b((t / B_UNITS) * BS + (t % B_UNITS) * 8u, u);
+}
+
+// The A fragment of tile rows m0.. and columns k0.. (in halves), and the B fragment of rows
+// k0.., columns n0...
+fn frag_a(m0: u32, k0: u32) -> MA {
+    if (A_UK) {
+        let i = (m0 * AS + k0) / SHW;
+        let s = AS / SHW;
+        return coopLoadT<MA>(&a_sh[i], s);
+    }
+    let i = (k0 * AS + m0) / SHW;
+    let s = AS / SHW;
+    return coopLoad<MA>(&a_sh[i], s);
+}
+
+fn frag_b(k0: u32, n0: u32) -> MB {
+    if (B_UN) {
+        let i = (k0 * BS + n0) / SHW;
+        let s = BS / SHW;
+        return coopLoadT<MB>(&b_sh[i], s);
+    }
+    let i = (n0 * BS + k0) / SHW;
+    let s = BS / SHW;
+    return coopLoad<MB>(&b_sh[i], s);
+}
+
+// `product(wid, lid, sg)` (the subgroup's accumulators of the workgroup's tile of A @ B) and
+// `spill(f, sg)` (accumulator f into the subgroup's FS x FS f32 scratch tile, row-major) come
+// with the generated snippet (see the launcher): the accumulators and the units in flight are
+// separate variables there and the loops over them unrolled, so they stay in registers.
 
 // Row and column in C of element e (< FE) of accumulator f of subgroup sg.
 fn frag_row(wid: vec3<u32>, sg: u32, f: u32, e: u32) -> u32 {

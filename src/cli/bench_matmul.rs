@@ -1,23 +1,29 @@
-//! `wgrad bench matmul --dtype f16|f32`: TFLOP/s per size and the kernel variant each product
-//! runs on (the cooperative-matrix kernel for f16 where the adapter has one, else the tiled
-//! kernel), with the bytes moved at least (each operand read once, C written once) as GB/s, so
-//! a row reads against both the compute and the memory roof. Prints a table, or `--json`.
-
-use std::time::Instant;
+//! `wgrad bench matmul --dtype f32|f16|mixed [--search]`: TFLOP/s per product and the kernel
+//! variant each runs on (the cooperative-matrix kernel for f16 where the adapter has one, else
+//! the tiled kernel), with the bytes moved at least (each operand read once, C written once) as
+//! GB/s, so a row reads against both the compute and the memory roof. `--search` measures every
+//! tile the product's kernel can run, lists them, keeps the fastest in the adapter's tile table
+//! and writes it to its cache file. Prints a table, or `--json`.
 
 use serde::Serialize;
+use wgrad::kernels::tuning::ProductKey;
 use wgrad::ops::matmul_variant;
-use wgrad::{DType, Device, Result, Tensor};
+use wgrad::tune::{self, Search};
+use wgrad::{Device, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Dtype {
+    /// f32 operands, f32 arithmetic.
     F32,
+    /// f16 operands, f32 accumulation.
     F16,
+    /// f32 A (rounded to f16 under autocast) times f16 B: a training step's forward products.
+    Mixed,
 }
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Operand type: f32, or f16 (f16 operands, f32 accumulation and output).
+    /// Operand types.
     #[arg(long, value_enum, default_value_t = Dtype::F32)]
     dtype: Dtype,
     /// One JSON object instead of a table.
@@ -26,12 +32,16 @@ pub struct Args {
     /// Small sizes only (a smoke run; lavapipe in CI).
     #[arg(long)]
     quick: bool,
-    /// Timed repetitions per size (the median is reported).
+    /// Timed repetitions per product (the median is reported).
     #[arg(long, default_value_t = 10)]
     reps: usize,
     /// Square sizes to run instead of the default list (e.g. `--sizes 1024,4096`).
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<usize>,
+    /// Measure every tile of each product's kernel, keep the fastest (the adapter's tile table,
+    /// written to its cache file) and list them all.
+    #[arg(long)]
+    search: bool,
 }
 
 #[derive(Serialize)]
@@ -40,12 +50,26 @@ struct Row {
     n: usize,
     k: usize,
     batch: usize,
+    /// `NN`, `TN` (A transposed view), `NT`, `TT`.
+    layout: String,
     dtype: &'static str,
     kernel: String,
     ms: f64,
     tflops: f64,
     /// Bytes moved at least (A and B read once, C written once) per second.
     gbps: f64,
+    /// With --search: every tile measured, and the heuristic tile's time.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tiles: Vec<TileRow>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default_ms: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct TileRow {
+    tile: String,
+    ms: f64,
+    tflops: f64,
 }
 
 #[derive(Serialize)]
@@ -53,75 +77,136 @@ struct Report {
     adapter: String,
     backend: String,
     dtype: &'static str,
+    timing: &'static str,
     rows: Vec<Row>,
+    /// With --search: where the tile table was written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tile_table: Option<String>,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+/// (m, n, k, batch, A transposed, B transposed): squares, the products of a DistilGPT-2 step at
+/// 8 x 512 tokens (forward, the LM head, and the backward products with their transposed
+/// views), odd sizes.
+fn default_shapes(quick: bool) -> Vec<(usize, usize, usize, usize, bool, bool)> {
+    if quick {
+        return vec![
+            (256, 256, 256, 1, false, false),
+            (255, 257, 129, 1, false, false),
+            (64, 64, 32, 12, false, false),
+            (72, 40, 96, 1, true, true),
+        ];
+    }
+    vec![
+        (1024, 1024, 1024, 1, false, false),
+        (2048, 2048, 2048, 1, false, false),
+        (4096, 4096, 4096, 1, false, false),
+        (8192, 8192, 8192, 1, false, false),
+        (4096, 2304, 768, 1, false, false),
+        (4096, 3072, 768, 1, false, false),
+        (4096, 768, 3072, 1, false, false),
+        (4096, 768, 3072, 1, false, true),
+        (768, 3072, 4096, 1, true, false),
+        (4096, 50257, 768, 1, false, true),
+        (4096, 768, 50257, 1, false, false),
+        (50257, 768, 4096, 1, true, false),
+        (1000, 1000, 1000, 1, false, false),
+        (4095, 4097, 4099, 1, false, false),
+    ]
+}
+
+fn tflops(key: &ProductKey, ms: f64) -> f64 {
+    2.0 * key.m as f64 * key.n as f64 * key.k as f64 * key.batch as f64 / (ms * 1e-3) / 1e12
 }
 
 pub fn run(args: &Args) -> Result<()> {
     let device = Device::new()?;
     let info = device.report();
-    device.warmup();
-    let (dtype, name) = match args.dtype {
-        Dtype::F32 => (DType::F32, "f32"),
-        Dtype::F16 => (DType::F16, "f16"),
-    };
-    // (m, n, k, batch): squares, then GPT-2 shapes at 8 x 512 tokens (the MLP projection and
-    // its weight gradient, the LM head) and odd sizes.
-    let shapes: Vec<(usize, usize, usize, usize)> = if !args.sizes.is_empty() {
-        args.sizes.iter().map(|&s| (s, s, s, 1)).collect()
-    } else if args.quick {
-        vec![(256, 256, 256, 1), (255, 257, 129, 1), (64, 64, 32, 12)]
+    let timing = if device.set_gpu_timing(true).is_some() {
+        "GPU timestamps per product"
     } else {
-        vec![
-            (1024, 1024, 1024, 1),
-            (2048, 2048, 2048, 1),
-            (4096, 4096, 4096, 1),
-            (8192, 8192, 8192, 1),
-            (4096, 3072, 768, 1),
-            (768, 3072, 4096, 1),
-            (4096, 50257, 768, 1),
-            (1000, 1000, 1000, 1),
-            (4095, 4097, 4099, 1),
-        ]
+        "wall time over back-to-back products"
+    };
+    device.set_gpu_timing(false);
+    let (a_f16, b_f16, half, name) = match args.dtype {
+        Dtype::F32 => (false, false, false, "f32"),
+        Dtype::F16 => (true, true, true, "f16"),
+        Dtype::Mixed => (false, true, true, "mixed"),
+    };
+    let shapes = if args.sizes.is_empty() {
+        default_shapes(args.quick)
+    } else {
+        args.sizes
+            .iter()
+            .map(|&s| (s, s, s, 1, false, false))
+            .collect()
     };
     let mut rows = Vec::new();
-    for (m, n, k, batch) in shapes {
-        let a = Tensor::rand_uniform(&device, &[batch, m, k], -1.0, 1.0, 1)?.to_dtype(dtype)?;
-        let b = Tensor::rand_uniform(&device, &[batch, k, n], -1.0, 1.0, 2)?.to_dtype(dtype)?;
-        drop(a.matmul(&b)?);
-        device.sync()?;
-        let mut times = Vec::with_capacity(args.reps);
-        for _ in 0..args.reps.max(1) {
-            let start = Instant::now();
-            let c = a.matmul(&b)?;
-            device.sync()?;
-            times.push(start.elapsed().as_secs_f64() * 1e3);
-            drop(c);
-        }
-        let ms = median(times);
-        let flops = 2.0 * (m * n * k * batch) as f64;
-        let bytes = (batch * (m * k + k * n) * dtype.size() + batch * m * n * 4) as f64;
+    for (m, n, k, batch, a_t, b_t) in shapes {
+        let key = ProductKey {
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            batch: batch as u32,
+            half,
+            a_f16,
+            b_f16,
+            a_t,
+            b_t,
+        };
+        let search: Option<Search> = if args.search {
+            Some(tune::search(&device, &key, args.reps)?)
+        } else {
+            None
+        };
+        let (a, b) = tune::operands(&device, &key)?;
+        let ms = tune::time_product(&device, &a, &b, half, args.reps)?;
+        let c_bytes = 4 * m * n * batch;
+        let bytes = batch * (m * k * if a_f16 { 2 } else { 4 } + k * n * if b_f16 { 2 } else { 4 })
+            + c_bytes;
+        let tiles = search
+            .as_ref()
+            .map(|s| {
+                s.measured
+                    .iter()
+                    .map(|t| TileRow {
+                        tile: t.tile.name(),
+                        ms: t.ms,
+                        tflops: tflops(&key, t.ms),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         rows.push(Row {
             m,
             n,
             k,
             batch,
+            layout: format!(
+                "{}{}",
+                if a_t { "T" } else { "N" },
+                if b_t { "T" } else { "N" }
+            ),
             dtype: name,
-            kernel: matmul_variant(&device, m, n, batch, dtype == DType::F16),
+            kernel: matmul_variant(&device, &key),
             ms,
-            tflops: flops / (ms * 1e-3) / 1e12,
-            gbps: bytes / (ms * 1e-3) / 1e9,
+            tflops: tflops(&key, ms),
+            gbps: bytes as f64 / (ms * 1e-3) / 1e9,
+            tiles,
+            default_ms: search.as_ref().and_then(Search::default_ms),
         });
     }
+    let tile_table = if args.search {
+        tune::save_tiles(&device)?.map(|p| p.display().to_string())
+    } else {
+        None
+    };
     let report = Report {
         adapter: info.adapter,
         backend: info.backend,
         dtype: name,
+        timing,
         rows,
+        tile_table,
     };
     if args.json {
         println!(
@@ -131,18 +216,27 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     println!(
-        "adapter: {} ({}), {} operands, f32 accumulation\n",
-        report.adapter, report.backend, name
+        "adapter: {} ({}), {} operands, f32 accumulation; {}\n",
+        report.adapter, report.backend, name, report.timing
     );
     println!(
-        "{:>6} {:>6} {:>6} {:>5} {:<48} {:>10} {:>9} {:>9}",
-        "M", "N", "K", "batch", "kernel", "ms", "TFLOP/s", "GB/s"
+        "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9} {:>8} {:>8}",
+        "M", "N", "K", "batch", "AB", "kernel", "ms", "TFLOP/s", "GB/s"
     );
     for r in &report.rows {
         println!(
-            "{:>6} {:>6} {:>6} {:>5} {:<48} {:>10.3} {:>9.2} {:>9.1}",
-            r.m, r.n, r.k, r.batch, r.kernel, r.ms, r.tflops, r.gbps
+            "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9.3} {:>8.2} {:>8.1}",
+            r.m, r.n, r.k, r.batch, r.layout, r.kernel, r.ms, r.tflops, r.gbps
         );
+        for t in &r.tiles {
+            println!(
+                "{:>31}   {:<42} {:>9.3} {:>8.2}",
+                "", t.tile, t.ms, t.tflops
+            );
+        }
+    }
+    if let Some(p) = &report.tile_table {
+        println!("\ntile table written to {p} (the fastest tile of each product above)");
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
+use wgrad::tune;
 use wgrad::{Device, Result};
 
 use super::setup;
@@ -35,6 +36,10 @@ pub struct Args {
     warmup: usize,
     #[arg(long)]
     json: bool,
+    /// First search the tile of every matmul product of a step (one untimed step records them)
+    /// and write the adapter's tile table; later runs read it. Step 0 then is no longer cold.
+    #[arg(long)]
+    tune: bool,
 }
 
 #[derive(Serialize)]
@@ -59,6 +64,18 @@ struct Report {
     /// --amp: the loss scale after the last step, and the steps skipped on an overflow.
     loss_scale: Option<f32>,
     skipped_steps: Option<u64>,
+    /// --tune: the products searched, each with its tile and time.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tuned: Vec<Tuned>,
+}
+
+#[derive(Serialize)]
+struct Tuned {
+    product: String,
+    tile: String,
+    ms: f64,
+    default_tile: String,
+    default_ms: Option<f64>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -79,6 +96,23 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let mut trainer = Trainer::new(model, adamw, 1e-4, LrSchedule::Constant { warmup: 0 })?;
     let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, 1)?;
+    let mut tuned = Vec::new();
+    if args.tune {
+        let searches = tune::search_step(&dev, 5, || {
+            trainer.step(std::slice::from_ref(&batch)).map(drop)
+        })?;
+        tune::save_tiles(&dev)?;
+        tuned = searches
+            .iter()
+            .map(|s| Tuned {
+                product: s.key.describe(),
+                tile: s.best().tile.name(),
+                ms: s.best().ms,
+                default_tile: s.default.name(),
+                default_ms: s.default_ms(),
+            })
+            .collect();
+    }
     let mut times = Vec::new();
     let mut submits = 0u64;
     let mut created = 0u64;
@@ -124,6 +158,7 @@ pub fn run(args: &Args) -> Result<()> {
         loss_last: *losses.last().expect("steps ran"),
         loss_scale: scale.map(|s| s.scale),
         skipped_steps: scale.map(|s| s.skipped_steps),
+        tuned,
     };
     if args.json {
         println!(
@@ -162,6 +197,19 @@ pub fn run(args: &Args) -> Result<()> {
         );
         if let (Some(scale), Some(skipped)) = (report.loss_scale, report.skipped_steps) {
             println!("loss scale           {scale:>10} ({skipped} steps skipped on overflow)");
+        }
+        if !report.tuned.is_empty() {
+            println!("\ntuned products (tile table written):");
+            for t in &report.tuned {
+                let default = match t.default_ms {
+                    Some(ms) => format!("{ms:.3} ms"),
+                    None => "not measured".into(),
+                };
+                println!(
+                    "  {:<40} {:<22} {:>9.3} ms   (default {} {})",
+                    t.product, t.tile, t.ms, t.default_tile, default
+                );
+            }
         }
     }
     Ok(())

@@ -11,6 +11,7 @@ use super::segment::{
 use super::timing::{self, GpuInterval, GpuTimer, TimingMode};
 use crate::device::{AdapterReport, DeviceOptions, Gpu};
 use crate::error::{Error, Result};
+use crate::kernels::tuning::{self, ProductKey, TileChoice, TileTable};
 use crate::kernels::{grid, KernelDesc, PipelineCache, PipelineStats, Spec};
 use crate::memory::{BufferPool, GpuArena, PoolStats, PooledBuffer};
 
@@ -43,6 +44,12 @@ struct State {
     params_align: usize,
     phase: Phase,
     timer: Option<GpuTimer>,
+    /// Matmul tiles measured on this adapter (loaded from its cache file when there is one).
+    tiles: TileTable,
+    /// A tile every product runs on, whatever the table says (set by searches).
+    forced_tile: Option<TileChoice>,
+    /// The products recorded while logging (`log_products`).
+    product_log: Option<Vec<ProductKey>>,
 }
 
 /// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
@@ -66,6 +73,14 @@ impl Storage {
         }
     }
 
+    /// Bytes a kernel binding this storage can read: its buffer (the size class, at least
+    /// `bytes`) up to the adapter's storage-binding limit.
+    pub fn bound_bytes(&self) -> u64 {
+        let b = self.buf.as_ref().expect("a live Storage holds its buffer");
+        b.size
+            .min(self.device.gpu().limits.max_storage_buffer_binding_size)
+    }
+
     pub fn buffer_id(&self) -> u64 {
         self.buf
             .as_ref()
@@ -82,6 +97,21 @@ impl Drop for Storage {
             self.device.state().pool.release(buf);
         }
     }
+}
+
+/// The adapter's measured tiles, if its cache file exists; an unreadable one is reported and
+/// ignored (it only ever makes products faster).
+fn load_tiles(info: &wgpu::AdapterInfo) -> TileTable {
+    let Some(path) = tuning::cache_file(info) else {
+        return TileTable::default();
+    };
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return TileTable::default();
+    };
+    TileTable::from_json(&text, &info.name, &info.driver_info).unwrap_or_else(|e| {
+        tracing::warn!("{}: not a tile table ({e}); ignored", path.display());
+        TileTable::default()
+    })
 }
 
 impl Device {
@@ -114,6 +144,9 @@ impl Device {
             params_align: gpu.limits.min_uniform_buffer_offset_alignment as usize,
             phase: Phase::Forward,
             timer: None,
+            tiles: load_tiles(&gpu.info),
+            forced_tile: None,
+            product_log: None,
         };
         Ok(Device {
             rt: Arc::new(Runtime {
@@ -212,17 +245,64 @@ impl Device {
         }
     }
 
+    /// The tile to run `key` on: the forced one, else the measured one, if any (the caller
+    /// checks it fits the product's kernel).
+    pub fn tile_for(&self, key: &ProductKey) -> Option<TileChoice> {
+        let mut s = self.state();
+        if let Some(log) = s.product_log.as_mut() {
+            if !log.contains(key) {
+                log.push(*key);
+            }
+        }
+        s.forced_tile.or_else(|| s.tiles.get(key))
+    }
+
+    /// Runs every product on `tile` (None: back to the table and the heuristics).
+    pub fn force_tile(&self, tile: Option<TileChoice>) {
+        self.state().forced_tile = tile;
+    }
+
+    /// Records a measured tile for `key` (kept in memory; `tile_table_json` writes it out).
+    pub fn set_tile(&self, key: ProductKey, tile: TileChoice, ms: f64) {
+        self.state().tiles.insert(key, tile, ms);
+    }
+
+    /// The measured tiles as rows (key, tile, ms).
+    pub fn tile_rows(&self) -> Vec<(ProductKey, TileChoice, f64)> {
+        self.state().tiles.rows()
+    }
+
+    /// The table as its cache file holds it.
+    pub fn tile_table_json(&self) -> String {
+        let info = &self.rt.gpu.info;
+        self.state().tiles.to_json(&info.name, &info.driver_info)
+    }
+
+    /// Starts (or stops) logging the distinct matmul products recorded.
+    pub fn log_products(&self, on: bool) {
+        self.state().product_log = on.then(Vec::new);
+    }
+
+    /// The products logged since `log_products(true)`; logging goes on.
+    pub fn take_product_log(&self) -> Vec<ProductKey> {
+        self.state()
+            .product_log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
     /// Flushes past this many recorded dispatches.
     pub fn set_flush_bound(&self, dispatches: usize) {
         self.state().flush_bound = dispatches.max(1);
     }
 
-    /// Compiles every kernel variant now, so the first step compiles nothing.
+    /// Compiles every kernel variant but the cooperative-matrix matmuls now (see
+    /// `PipelineCache::warmup`).
     pub fn warmup(&self) {
         let f16 = self.rt.gpu.has(wgpu::Features::SHADER_F16);
-        let coop = crate::kernels::matmul_coop::Coop::available(&self.rt.gpu);
         let mut s = self.state();
-        s.pipelines.warmup(&self.rt.gpu.device, f16, coop);
+        s.pipelines.warmup(&self.rt.gpu.device, f16);
     }
 
     /// Frees every cached (unused) buffer of the pools.

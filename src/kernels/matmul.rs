@@ -91,6 +91,34 @@ impl Tile {
             self.bm, self.bn, self.bk, self.tm, self.tn
         )
     }
+
+    /// Parses `name`'s form (`64x64x16/4x4`); None unless the tile is one the kernel can run
+    /// (register blocks dividing the tile, at most 1,024 lanes).
+    pub fn parse(s: &str) -> Option<Tile> {
+        let (block, lane) = s.split_once('/')?;
+        let dims: Vec<u32> = block
+            .split('x')
+            .map(|x| x.parse().ok())
+            .collect::<Option<_>>()?;
+        let (tm, tn) = lane.split_once('x')?;
+        let t = match dims[..] {
+            [bm, bn, bk] => Tile {
+                bm,
+                bn,
+                bk,
+                tm: tm.parse().ok()?,
+                tn: tn.parse().ok()?,
+            },
+            _ => return None,
+        };
+        let ok = t.tm > 0
+            && t.tn > 0
+            && t.bk > 0
+            && t.bm.is_multiple_of(t.tm)
+            && t.bn.is_multiple_of(t.tn)
+            && (1..=1024).contains(&t.lanes());
+        ok.then_some(t)
+    }
 }
 
 /// The tiles the engine chooses among (each 256 lanes, at most 8 KiB of workgroup memory,
@@ -140,10 +168,7 @@ pub fn choose_tile(m: usize, n: usize, batch: usize) -> Tile {
 /// for measuring tiles against each other.
 fn forced_tile() -> Option<Tile> {
     static FORCED: std::sync::OnceLock<Option<Tile>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let name = std::env::var("WGRAD_MATMUL_TILE").ok()?;
-        TILES.iter().copied().find(|t| t.name() == name)
-    })
+    *FORCED.get_or_init(|| Tile::parse(&std::env::var("WGRAD_MATMUL_TILE").ok()?))
 }
 
 /// The element types of a product: A, B and C as stored, and whether the operands are

@@ -3,15 +3,24 @@
 //! with f32 accumulators. Chosen at run time when the adapter lists such a shape in
 //! `cooperative_matrix_properties()` (`Gpu::coop`); the tiled kernel's f16 variant computes the
 //! same product elsewhere.
+//!
+//! The kernel reads each operand in units of 8 elements along one dim; `OperandAccess` says
+//! which dim and whether a unit is one aligned 16-byte load (the fast path, checked here against
+//! the operand's strides and its buffer) or a gather of 8 elements.
 
 use super::matmul::{MatmulParams, Types, STEP_TYPES};
-use super::{Access, Family, KernelDesc, Spec};
+use super::{Access, DType, Family, KernelDesc, Spec};
 
 pub static FAMILY: Family = Family {
     name: "matmul_coop",
     source: include_str!("../../wgsl/matmul_coop.wgsl"),
     workgroup_reduce: false,
 };
+
+/// Tiles of vec4<f16> (Vulkan: cooperative loads take vector pointers).
+const TILE_WORDS: &str = include_str!("../../wgsl/matmul_coop_tile_words.wgsl");
+/// Tiles of f16 (Metal's simdgroup loads want the matrix's element type).
+const TILE_F16: &str = include_str!("../../wgsl/matmul_coop_tile_f16.wgsl");
 
 pub static MATMUL_COOP: KernelDesc = KernelDesc {
     name: "matmul_coop",
@@ -43,11 +52,13 @@ pub static MATMUL_COOP_BIAS_GELU: KernelDesc = KernelDesc {
 };
 
 /// What the adapter offers: square f16 x f16 -> f32 fragments of `fs`, subgroups of `sgs`
-/// lanes (one size: the workgroup is a whole number of subgroups).
+/// lanes (one size: the workgroup is a whole number of subgroups), and whether cooperative
+/// loads may read tiles of 16-byte words (`words`: Vulkan) or only of f16 (Metal).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Coop {
     pub fs: u32,
     pub sgs: u32,
+    pub words: bool,
 }
 
 impl Coop {
@@ -73,19 +84,30 @@ impl Coop {
                 .then_some(Coop {
                     fs,
                     sgs: gpu.info.subgroup_max_size,
+                    // WGRAD_COOP_F16_TILES=1 keeps scalar f16 tiles on Vulkan too (to measure).
+                    words: gpu.info.backend == wgpu::Backend::Vulkan
+                        && std::env::var("WGRAD_COOP_F16_TILES").map_or(true, |v| v != "1"),
                 })
         })
     }
 
     /// NVIDIA's Vulkan driver: 16x16x16 fragments, subgroups of 32.
-    pub const NVIDIA: Coop = Coop { fs: 16, sgs: 32 };
+    pub const NVIDIA: Coop = Coop {
+        fs: 16,
+        sgs: 32,
+        words: true,
+    };
     /// Apple's simdgroup matrices: 8x8x8, simdgroups of 32.
-    pub const APPLE: Coop = Coop { fs: 8, sgs: 32 };
+    pub const APPLE: Coop = Coop {
+        fs: 8,
+        sgs: 32,
+        words: false,
+    };
 }
 
 /// A workgroup of `sg_m x sg_n` subgroups, each owning `fm x fn_` fragment accumulators; K
 /// staged `bk` at a time.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CoopTile {
     pub sg_m: u32,
     pub sg_n: u32,
@@ -103,17 +125,59 @@ impl CoopTile {
         self.sg_n * self.fn_ * fs
     }
 
-    /// Workgroup memory: the f16 A and B tiles (rows padded by 8) and an f32 scratch fragment
-    /// per subgroup.
-    pub const fn workgroup_bytes(&self, fs: u32) -> u32 {
-        2 * self.bm(fs) * (self.bk + 8)
-            + 2 * self.bk * (self.bn(fs) + 8)
-            + 4 * fs * fs * self.sg_m * self.sg_n
+    pub const fn lanes(&self, sgs: u32) -> u32 {
+        self.sg_m * self.sg_n * sgs
     }
 
-    /// As `WGRAD_COOP_TILE` takes it: `SG_MxSG_N/FMxFN`.
+    /// Workgroup memory at most (the larger of the two layouts of each tile, rows padded by 8
+    /// halves) plus an f32 scratch fragment per subgroup.
+    pub fn workgroup_bytes(&self, fs: u32) -> u32 {
+        let (bm, bn, bk) = (self.bm(fs), self.bn(fs), self.bk);
+        let a = (bm * (bk + 8)).max(bk * (bm + 8));
+        let b = (bk * (bn + 8)).max(bn * (bk + 8));
+        2 * (a + b) + 4 * fs * fs * self.sg_m * self.sg_n
+    }
+
+    /// Whether the kernel can run this tile on `coop`: every lane fetches whole units (8
+    /// elements) of both tiles, K steps are whole fragments, and it fits the workgroup memory.
+    pub fn valid(&self, coop: Coop, max_workgroup_bytes: u32) -> bool {
+        let units_a = self.bm(coop.fs) * self.bk / 8;
+        let units_b = self.bk * self.bn(coop.fs) / 8;
+        let lanes = self.lanes(coop.sgs);
+        self.bk.is_multiple_of(coop.fs)
+            && units_a.is_multiple_of(lanes)
+            && units_b.is_multiple_of(lanes)
+            && self.workgroup_bytes(coop.fs) <= max_workgroup_bytes
+    }
+
+    /// As `WGRAD_COOP_TILE` takes it: `SG_MxSG_N/FMxFN/BK`.
     pub fn name(&self) -> String {
-        format!("{}x{}/{}x{}", self.sg_m, self.sg_n, self.fm, self.fn_)
+        format!(
+            "{}x{}/{}x{}/{}",
+            self.sg_m, self.sg_n, self.fm, self.fn_, self.bk
+        )
+    }
+
+    /// Parses `name`'s form (`2x4/4x2/32`; BK defaults to 32).
+    pub fn parse(s: &str) -> Option<CoopTile> {
+        let mut parts = s.split('/');
+        let pair = |x: &str| -> Option<(u32, u32)> {
+            let (a, b) = x.split_once('x')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        };
+        let (sg_m, sg_n) = pair(parts.next()?)?;
+        let (fm, fn_) = pair(parts.next()?)?;
+        let bk = match parts.next() {
+            Some(k) => k.parse().ok()?,
+            None => 32,
+        };
+        parts.next().is_none().then_some(CoopTile {
+            sg_m,
+            sg_n,
+            fm,
+            fn_,
+            bk,
+        })
     }
 
     /// The output tile and the subgroup layout, for tables.
@@ -128,33 +192,40 @@ impl CoopTile {
     }
 }
 
-/// The tiles the engine chooses among, largest first.
+const fn tile(sg_m: u32, sg_n: u32, fm: u32, fn_: u32, bk: u32) -> CoopTile {
+    CoopTile {
+        sg_m,
+        sg_n,
+        fm,
+        fn_,
+        bk,
+    }
+}
+
+/// The tiles the engine chooses among without a tuned table, largest first.
 pub const COOP_TILES: [CoopTile; 3] = [
-    CoopTile {
-        sg_m: 2,
-        sg_n: 4,
-        fm: 4,
-        fn_: 2,
-        bk: 32,
-    },
-    CoopTile {
-        sg_m: 2,
-        sg_n: 2,
-        fm: 2,
-        fn_: 2,
-        bk: 32,
-    },
-    CoopTile {
-        sg_m: 1,
-        sg_n: 1,
-        fm: 2,
-        fn_: 2,
-        bk: 32,
-    },
+    tile(2, 4, 4, 2, 32),
+    tile(2, 2, 2, 2, 32),
+    tile(1, 1, 2, 2, 32),
 ];
 
-/// The largest tile that still gives the GPU at least 128 workgroups (and fits
-/// `max_workgroup_bytes`).
+/// The tiles a search measures (`wgrad bench matmul --search`): the defaults, wider and
+/// deeper ones, and other splits of the same outputs over subgroups.
+pub const SEARCH_TILES: [CoopTile; 10] = [
+    tile(2, 4, 4, 2, 32),
+    tile(2, 4, 4, 2, 64),
+    tile(4, 2, 2, 4, 32),
+    tile(2, 2, 4, 4, 32),
+    tile(2, 4, 4, 4, 32),
+    tile(4, 2, 4, 4, 32),
+    tile(2, 2, 4, 2, 32),
+    tile(2, 2, 2, 2, 32),
+    tile(2, 2, 2, 2, 64),
+    tile(1, 1, 2, 2, 32),
+];
+
+/// The largest default tile that still gives the GPU at least 128 workgroups (and fits
+/// `max_workgroup_bytes`); `WGRAD_COOP_TILE` forces one.
 pub fn choose_tile(
     m: usize,
     n: usize,
@@ -162,14 +233,14 @@ pub fn choose_tile(
     coop: Coop,
     max_workgroup_bytes: u32,
 ) -> CoopTile {
-    if let Some(t) = forced_tile() {
+    if let Some(t) = forced_tile().filter(|t| t.valid(coop, max_workgroup_bytes)) {
         return t;
     }
     const MIN_GROUPS: usize = 128;
     let fits: Vec<CoopTile> = COOP_TILES
         .iter()
         .copied()
-        .filter(|t| t.workgroup_bytes(coop.fs) <= max_workgroup_bytes)
+        .filter(|t| t.valid(coop, max_workgroup_bytes))
         .collect();
     let groups = |t: &CoopTile| {
         m.div_ceil(t.bm(coop.fs) as usize) * n.div_ceil(t.bn(coop.fs) as usize) * batch
@@ -182,29 +253,73 @@ pub fn choose_tile(
     *fits.last().unwrap_or(&COOP_TILES[COOP_TILES.len() - 1])
 }
 
-/// A tile forced by `WGRAD_COOP_TILE` (`SG_MxSG_N/FMxFN`, e.g. `2x4/4x2`), for measuring tiles
-/// against each other.
+/// A tile forced by `WGRAD_COOP_TILE` (`SG_MxSG_N/FMxFN[/BK]`, e.g. `2x4/4x2/32`), for
+/// measuring tiles against each other.
 fn forced_tile() -> Option<CoopTile> {
     static FORCED: std::sync::OnceLock<Option<CoopTile>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let s = std::env::var("WGRAD_COOP_TILE").ok()?;
-        let (sg, fr) = s.split_once('/')?;
-        let pair = |x: &str| -> Option<(u32, u32)> {
-            let (a, b) = x.split_once('x')?;
-            Some((a.parse().ok()?, b.parse().ok()?))
-        };
-        let ((sg_m, sg_n), (fm, fn_)) = (pair(sg)?, pair(fr)?);
-        Some(CoopTile {
-            sg_m,
-            sg_n,
-            fm,
-            fn_,
-            bk: 32,
-        })
-    })
+    *FORCED.get_or_init(|| CoopTile::parse(&std::env::var("WGRAD_COOP_TILE").ok()?))
 }
 
-pub fn spec(t: CoopTile, acc: bool, types: Types, coop: Coop) -> Spec {
+/// How the kernel reads one operand, seen as a (rows, cols) matrix per batch (A: (M, K); B:
+/// (K, N)): units of 8 along cols (`along_cols`, the first choice) or along rows, and whether a
+/// unit is one aligned load (`vec`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct OperandAccess {
+    pub along_cols: bool,
+    pub vec: bool,
+}
+
+/// An operand as the launcher sees it: element type, offset, batch stride and count, row and
+/// column extents and strides (elements), and the elements its binding holds.
+pub struct OperandLayout {
+    pub dtype: DType,
+    pub offset: usize,
+    pub batch_stride: usize,
+    pub batch: usize,
+    pub rows: usize,
+    pub row_stride: usize,
+    pub cols: usize,
+    pub col_stride: usize,
+    pub bound_elements: usize,
+}
+
+impl OperandLayout {
+    /// Units run along the unit-stride dim (cols unless only rows are unit-stride); a unit is
+    /// two vector loads when that dim is unit-stride, every unit starts on a vector of 4
+    /// (offset, row and batch strides multiples of 4), and the last unit, rounded up to 8
+    /// elements, still lies inside the binding.
+    pub fn access(&self) -> OperandAccess {
+        let along_cols = self.col_stride == 1 || self.row_stride != 1;
+        let (unit_stride, extent, other_stride, other_extent) = if along_cols {
+            (self.col_stride, self.cols, self.row_stride, self.rows)
+        } else {
+            (self.row_stride, self.rows, self.col_stride, self.cols)
+        };
+        // The kernel reads vectors of 4 elements (f16 or f32).
+        let aligned = |x: usize| x.is_multiple_of(4);
+        let last_read = self.offset
+            + self.batch.saturating_sub(1) * self.batch_stride
+            + other_extent.saturating_sub(1) * other_stride
+            + extent.next_multiple_of(8);
+        let vec = matches!(self.dtype, DType::F16 | DType::F32)
+            && unit_stride == 1
+            && aligned(self.offset)
+            && aligned(other_stride)
+            && (self.batch <= 1 || aligned(self.batch_stride))
+            && last_read <= self.bound_elements;
+        OperandAccess { along_cols, vec }
+    }
+}
+
+/// The specialization of one product: tile, accumulate, storage types, how A and B are read.
+pub fn spec(
+    t: CoopTile,
+    acc: bool,
+    types: Types,
+    coop: Coop,
+    a: OperandAccess,
+    b: OperandAccess,
+) -> Spec {
     let (ma, mb, mc) = match coop.fs {
         8 => (
             "coop_mat8x8<f16, A>",
@@ -217,38 +332,262 @@ pub fn spec(t: CoopTile, acc: bool, types: Types, coop: Coop) -> Spec {
             "coop_mat16x16<f32, C>",
         ),
     };
-    Types {
-        half: true,
-        ..types
-    }
-    .spec(
-        Spec::new()
-            .ty("MA", ma)
-            .ty("MB", mb)
-            .ty("MC", mc)
-            .u32("FS", coop.fs)
-            .u32("SGS", coop.sgs)
-            .u32("SG_M", t.sg_m)
-            .u32("SG_N", t.sg_n)
-            .u32("FM", t.fm)
-            .u32("FN", t.fn_)
-            .u32("BK", t.bk)
-            .bool("ACC", acc),
-    )
+    Spec::new()
+        .ty("MA", ma)
+        .ty("MB", mb)
+        .ty("MC", mc)
+        .ty("TC", types.c.wgsl())
+        .ty("AV", vec4_of(types.a))
+        .ty("AV_B", vec4_of(types.b))
+        .u32("FS", coop.fs)
+        .u32("SGS", coop.sgs)
+        .u32("SG_M", t.sg_m)
+        .u32("SG_N", t.sg_n)
+        .u32("FM", t.fm)
+        .u32("FN", t.fn_)
+        .u32("BK", t.bk)
+        .bool("A_UK", a.along_cols)
+        .bool("B_UN", b.along_cols)
+        .bool("A_VEC", a.vec)
+        .bool("B_VEC", b.vec)
+        .bool("ACC", acc)
+        .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
+        .source("UNROLLED", generated(t, coop))
 }
 
-/// Every variant for an adapter offering `coop`: each tile, accumulate or not, each of the
-/// step's storage types, each epilogue.
-pub fn variants(coop: Coop) -> Vec<(&'static KernelDesc, Spec)> {
+/// The part of the kernel generated per tile shape: FM x FN accumulators and the UA + UB
+/// units a lane keeps in flight, as separate variables, with every loop over them unrolled
+/// (a loop the shader compiler keeps would index them at run time and push them out of
+/// registers). Generated once per shape and kept for the process.
+fn generated(t: CoopTile, coop: Coop) -> &'static str {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    type Key = (CoopTile, u32, u32);
+    static CACHE: Mutex<BTreeMap<Key, &'static str>> = Mutex::new(BTreeMap::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .entry((t, coop.fs, coop.sgs))
+        .or_insert_with(|| Box::leak(unrolled_source(t, coop).into_boxed_str()))
+}
+
+fn unrolled_source(t: CoopTile, coop: Coop) -> String {
+    use std::fmt::Write as _;
+    let lanes = t.lanes(coop.sgs);
+    let ua = t.bm(coop.fs) * t.bk / 8 / lanes;
+    let ub = t.bk * t.bn(coop.fs) / 8 / lanes;
+    let (fm, fn_, kf) = (t.fm, t.fn_, t.bk / coop.fs);
+    let mut s = String::new();
+    let w = &mut s;
+    let _ = writeln!(
+        w,
+        "// Generated for FM = {fm}, FN = {fn_}, BK = {} (K fragments per step {kf}), {ua} + {ub} units per lane.",
+        t.bk
+    );
+    for f in 0..fm * fn_ {
+        let _ = writeln!(w, "var<private> acc{f}: MC;");
+    }
+    for j in 0..ua {
+        let _ = writeln!(w, "var<private> ua{j}: Unit;");
+    }
+    for j in 0..ub {
+        let _ = writeln!(w, "var<private> ub{j}: Unit;");
+    }
+    let _ = writeln!(w, "\nfn fetch_units(wid: vec3<u32>, lid: u32, k0: u32) {{");
+    for j in 0..ua {
+        let _ = writeln!(w, "    ua{j} = fetch_a(wid, lid, k0, {j}u);");
+    }
+    for j in 0..ub {
+        let _ = writeln!(w, "    ub{j} = fetch_b(wid, lid, k0, {j}u);");
+    }
+    let _ = writeln!(w, "}}\n\nfn store_units(lid: u32) {{");
+    for j in 0..ua {
+        let _ = writeln!(w, "    store_a(lid, {j}u, ua{j});");
+    }
+    for j in 0..ub {
+        let _ = writeln!(w, "    store_b(lid, {j}u, ub{j});");
+    }
+    let _ = writeln!(
+        w,
+        "}}\n\n// One step of K out of the tiles.\nfn multiply(sm: u32, sn: u32) {{"
+    );
+    for kk in 0..kf {
+        let k0 = kk * coop.fs;
+        let _ = writeln!(w, "    {{");
+        for j in 0..fn_ {
+            let _ = writeln!(
+                w,
+                "        let b{j} = frag_b({k0}u, (sn * FN + {j}u) * FS);"
+            );
+        }
+        for i in 0..fm {
+            let _ = writeln!(
+                w,
+                "        let a{i} = frag_a((sm * FM + {i}u) * FS, {k0}u);"
+            );
+            for j in 0..fn_ {
+                let f = i * fn_ + j;
+                let _ = writeln!(w, "        acc{f} = coopMultiplyAdd(a{i}, b{j}, acc{f});");
+            }
+        }
+        let _ = writeln!(w, "    }}");
+    }
+    let _ = writeln!(
+        w,
+        "}}\n\n// The subgroup's accumulators of the workgroup's tile of A @ B: the next step's units\n\
+         // are fetched while this step multiplies.\n\
+         fn product(wid: vec3<u32>, lid: u32, sg: u32) {{\n    let sm = sg / SG_N;\n    let sn = sg % SG_N;"
+    );
+    for f in 0..fm * fn_ {
+        let _ = writeln!(w, "    acc{f} = MC();");
+    }
+    let _ = writeln!(
+        w,
+        "    fetch_units(wid, lid, 0u);\n\
+         \x20   for (var k0 = 0u; k0 < p.k; k0 += BK) {{\n\
+         \x20       store_units(lid);\n\
+         \x20       workgroupBarrier();\n\
+         \x20       if (k0 + BK < p.k) {{\n\
+         \x20           fetch_units(wid, lid, k0 + BK);\n\
+         \x20       }}\n\
+         \x20       multiply(sm, sn);\n\
+         \x20       workgroupBarrier();\n\
+         \x20   }}\n}}\n"
+    );
+    let _ = writeln!(
+        w,
+        "// Accumulator f into the subgroup's scratch tile (row-major FS x FS).\n\
+         fn spill(f: u32, sg: u32) {{\n    let off = sg * FE;\n    let s = FS;\n    switch f {{"
+    );
+    for f in 0..fm * fn_ {
+        let _ = writeln!(
+            w,
+            "        case {f}u: {{ coopStoreT(acc{f}, &c_sh[off], s); }}"
+        );
+    }
+    let _ = writeln!(w, "        default: {{}}\n    }}\n}}");
+    s
+}
+
+fn vec4_of(t: DType) -> &'static str {
+    match t {
+        DType::F16 => "vec4<f16>",
+        _ => "vec4<f32>",
+    }
+}
+
+/// Every variant for an adapter offering `coop` with `max_workgroup_bytes`: each default tile,
+/// accumulate or not, each of the step's storage types, each way of reading A and B, each
+/// epilogue.
+pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
+    let accesses = [false, true].into_iter().flat_map(|along_cols| {
+        [false, true]
+            .into_iter()
+            .map(move |vec| OperandAccess { along_cols, vec })
+    });
+    let accesses: Vec<OperandAccess> = accesses.collect();
     let mut v = Vec::new();
     for ty in STEP_TYPES {
-        for t in COOP_TILES {
+        for t in COOP_TILES
+            .into_iter()
+            .filter(|t| t.valid(coop, max_workgroup_bytes))
+        {
             for acc in [false, true] {
-                v.push((&MATMUL_COOP, spec(t, acc, ty, coop)));
-                v.push((&MATMUL_COOP_BIAS, spec(t, acc, ty, coop)));
-                v.push((&MATMUL_COOP_BIAS_GELU, spec(t, acc, ty, coop)));
+                for &a in &accesses {
+                    for &b in &accesses {
+                        for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
+                            v.push((kernel, spec(t, acc, ty, coop, a, b)));
+                        }
+                    }
+                }
             }
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(
+        dtype: DType,
+        offset: usize,
+        rows: usize,
+        rs: usize,
+        cols: usize,
+        cs: usize,
+    ) -> OperandLayout {
+        OperandLayout {
+            dtype,
+            offset,
+            batch_stride: 0,
+            batch: 1,
+            rows,
+            row_stride: rs,
+            cols,
+            col_stride: cs,
+            bound_elements: offset + (rows - 1) * rs.max(1) + (cols - 1) * cs.max(1) + 1,
+        }
+    }
+
+    #[test]
+    fn operand_access_follows_strides_alignment_and_the_binding() {
+        let acc = |along_cols, vec| OperandAccess { along_cols, vec };
+        // Row-major, rows of 64: vector units along the columns, if the last unit fits.
+        let mut l = layout(DType::F16, 0, 10, 64, 64, 1);
+        assert_eq!(l.access(), acc(true, true));
+        // Rows of 44: the last unit of the last row (rounded up to 8) would pass the binding.
+        l = layout(DType::F32, 0, 10, 44, 44, 1);
+        assert_eq!(l.access(), acc(true, false));
+        l.bound_elements += 4;
+        assert_eq!(l.access(), acc(true, true));
+        // A transposed view: units along the rows.
+        assert_eq!(
+            layout(DType::F16, 0, 64, 1, 32, 64).access(),
+            acc(false, true)
+        );
+        // Unaligned offset or row stride: gathered.
+        assert_eq!(
+            layout(DType::F16, 1, 10, 64, 63, 1).access(),
+            acc(true, false)
+        );
+        assert_eq!(
+            layout(DType::F16, 0, 10, 66, 64, 1).access(),
+            acc(true, false)
+        );
+        // Neither dim unit-stride: gathered along the columns.
+        assert_eq!(
+            layout(DType::F32, 0, 8, 32, 8, 2).access(),
+            acc(true, false)
+        );
+    }
+
+    #[test]
+    fn search_and_default_tiles_are_valid_on_nvidia() {
+        for t in COOP_TILES.iter().chain(&SEARCH_TILES) {
+            assert!(t.valid(Coop::NVIDIA, 49152), "{}", t.name());
+            assert_eq!(CoopTile::parse(&t.name()), Some(*t));
+        }
+        assert_eq!(CoopTile::parse("2x4/4x2"), Some(COOP_TILES[0]));
+    }
+}
+
+#[cfg(test)]
+mod generated_tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_part_names_every_accumulator_and_unit_once() {
+        let t = COOP_TILES[0];
+        let src = generated(t, Coop::NVIDIA);
+        let frags = (t.fm * t.fn_) as usize;
+        assert_eq!(src.matches("var<private> acc").count(), frags);
+        assert_eq!(src.matches("coopStoreT(acc").count(), frags);
+        // Every accumulator multiplies once per fragment of K in a step.
+        let kf = (t.bk / Coop::NVIDIA.fs) as usize;
+        assert_eq!(src.matches("coopMultiplyAdd").count(), frags * kf);
+        // Generated once: the same text (address) for the same tile.
+        assert!(std::ptr::eq(src, generated(t, Coop::NVIDIA)));
+        println!("{src}");
+    }
 }

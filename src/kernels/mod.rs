@@ -26,6 +26,7 @@ pub mod random;
 pub mod reduce;
 pub mod scatter;
 pub mod softmax;
+pub mod tuning;
 
 pub use dtype::DType;
 
@@ -74,6 +75,29 @@ pub enum SpecValue {
     Bool(bool),
     /// A WGSL type, declared as `alias NAME = type;`.
     Type(&'static str),
+    /// WGSL source inserted before the family's (a snippet that completes it: aliases,
+    /// constants and helpers the family leaves to its variants).
+    Source(Snippet),
+}
+
+/// A WGSL snippet, compared and hashed by address: snippets are `include_str!` constants or
+/// generated once per configuration and kept (see `matmul_coop::generated`), so equal texts
+/// share one address, and looking a pipeline up does not hash the text on every dispatch.
+#[derive(Clone, Copy, Debug)]
+pub struct Snippet(pub &'static str);
+
+impl PartialEq for Snippet {
+    fn eq(&self, other: &Snippet) -> bool {
+        std::ptr::eq(self.0, other.0)
+    }
+}
+
+impl Eq for Snippet {}
+
+impl std::hash::Hash for Snippet {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        (self.0.as_ptr() as usize, self.0.len()).hash(h);
+    }
 }
 
 /// WGSL constants and aliases that select one variant of a kernel.
@@ -100,6 +124,12 @@ impl Spec {
         self
     }
 
+    /// A snippet of WGSL, named `name` in labels.
+    pub fn source(mut self, name: &'static str, text: &'static str) -> Spec {
+        self.0.push((name, SpecValue::Source(Snippet(text))));
+        self
+    }
+
     /// A short text for labels: `OP=3,V=vec4<f32>`.
     pub fn describe(&self) -> String {
         let mut s = String::new();
@@ -111,6 +141,7 @@ impl Spec {
                 SpecValue::U32(x) => write!(s, "{name}={x}"),
                 SpecValue::Bool(x) => write!(s, "{name}={x}"),
                 SpecValue::Type(x) => write!(s, "{name}={x}"),
+                SpecValue::Source(x) => write!(s, "{name}={}", x.0.lines().next().unwrap_or("")),
             };
         }
         s
@@ -124,10 +155,10 @@ const REDUCE_TREE: &str = include_str!("../../wgsl/workgroup_reduce_tree.wgsl");
 /// and the family's own `enable` lines, hoisted), constants, helpers, then the family.
 pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
     let mut src = String::new();
-    let uses_f16 = spec
-        .0
-        .iter()
-        .any(|(_, v)| matches!(v, SpecValue::Type(t) if t.contains("f16")));
+    let uses_f16 = spec.0.iter().any(|(_, v)| {
+        matches!(v, SpecValue::Type(t) if t.contains("f16"))
+            || matches!(v, SpecValue::Source(t) if t.0.contains("f16"))
+    });
     if uses_f16 {
         src.push_str("enable f16;\n");
     }
@@ -143,7 +174,14 @@ pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
             SpecValue::U32(x) => writeln!(src, "const {name}: u32 = {x}u;"),
             SpecValue::Bool(x) => writeln!(src, "const {name}: bool = {x};"),
             SpecValue::Type(x) => writeln!(src, "alias {name} = {x};"),
+            SpecValue::Source(_) => Ok(()),
         };
+    }
+    for (_, v) in &spec.0 {
+        if let SpecValue::Source(text) = v {
+            src.push_str(text.0);
+            src.push('\n');
+        }
     }
     if family.workgroup_reduce {
         src.push_str(if subgroups {
@@ -318,14 +356,12 @@ impl PipelineCache {
         l
     }
 
-    /// Compiles every variant the engine uses, so step 0 compiles nothing (the
-    /// cooperative-matrix matmuls too when the adapter has them).
-    pub fn warmup(&mut self, device: &wgpu::Device, f16: bool, coop: Option<matmul_coop::Coop>) {
-        let mut variants = all_variants(f16);
-        if let Some(coop) = coop {
-            variants.extend(matmul_coop::variants(coop));
-        }
-        for (kernel, spec) in variants {
+    /// Compiles every variant in `all_variants`, so the products and ops they cover compile
+    /// nothing when first recorded. The cooperative-matrix matmuls are not among them: their
+    /// variants (tile, types, operand access, epilogue) number over a thousand, and a step
+    /// compiles the few it uses on first use.
+    pub fn warmup(&mut self, device: &wgpu::Device, f16: bool) {
+        for (kernel, spec) in all_variants(f16) {
             self.get(device, kernel, &spec);
         }
     }

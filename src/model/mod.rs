@@ -15,7 +15,7 @@
 //! | `eval.rs` | next-token loss and perplexity over a token sequence, in chunks |
 //! | `generate.rs` | text generation with a KV cache; temperature, top-k, top-p sampling |
 
-mod atomic;
+pub(crate) mod atomic;
 mod batches;
 mod checkpoint;
 mod data;

@@ -3,11 +3,11 @@
 //! stride is materialized first.
 
 use crate::autograd::{record, Backward, BackwardCtx};
-use crate::device::Gpu;
 use crate::error::{Error, Result};
 use crate::graph::{broadcast_shape, coalesce_joint, DType, Device, Tensor};
 use crate::kernels::matmul::{self, MatmulParams};
 use crate::kernels::matmul_coop;
+use crate::kernels::tuning::{self, ProductKey, TileChoice};
 use crate::ops::elementwise::launch_copy;
 use crate::ops::{autocast, autocast_enabled, Out};
 
@@ -89,24 +89,81 @@ enum Choice {
     Tiled(matmul::Tile),
 }
 
-/// Cooperative matrices for a mixed-precision product where the adapter has them, else the
-/// tiled kernel; the tile from the output shape.
-fn choose_kernel(gpu: &Gpu, m: usize, n: usize, batch: usize, half: bool) -> Choice {
-    match matmul_coop::Coop::available(gpu).filter(|_| half) {
-        Some(coop) => {
-            let wg_bytes = gpu.limits.max_compute_workgroup_storage_size;
-            Choice::Coop(coop, matmul_coop::choose_tile(m, n, batch, coop, wg_bytes))
+/// The cooperative matrices a product of `key` runs on: the adapter's, for a mixed-precision
+/// product.
+fn coop_for(dev: &Device, key: &ProductKey) -> Option<matmul_coop::Coop> {
+    matmul_coop::Coop::available(dev.gpu()).filter(|_| key.half)
+}
+
+/// Whether `tile` suits the kernel a product of `key` runs on and fits the adapter.
+fn runs(dev: &Device, key: &ProductKey, tile: TileChoice) -> bool {
+    let limits = &dev.gpu().limits;
+    match (tile, coop_for(dev, key)) {
+        (TileChoice::Coop(t), Some(coop)) => {
+            t.valid(coop, limits.max_compute_workgroup_storage_size)
         }
-        None => Choice::Tiled(matmul::choose_tile(m, n, batch)),
+        (TileChoice::Tiled(t), None) => {
+            t.workgroup_bytes() <= limits.max_compute_workgroup_storage_size
+                && t.lanes() <= limits.max_compute_invocations_per_workgroup
+        }
+        _ => false,
     }
 }
 
-/// The kernel variant a product of `batch` (M, N) outputs runs on (`half`: f16 operands or
-/// autocast), as benchmarks print it.
-pub fn matmul_variant(device: &Device, m: usize, n: usize, batch: usize, half: bool) -> String {
-    match choose_kernel(device.gpu(), m, n, batch, half) {
+/// The tile the shape heuristics choose for a product of `key` (no measurement).
+pub fn heuristic_tile(dev: &Device, key: &ProductKey) -> TileChoice {
+    let (m, n, batch) = (key.m as usize, key.n as usize, key.batch as usize);
+    match coop_for(dev, key) {
+        Some(coop) => TileChoice::Coop(matmul_coop::choose_tile(
+            m,
+            n,
+            batch,
+            coop,
+            dev.gpu().limits.max_compute_workgroup_storage_size,
+        )),
+        None => TileChoice::Tiled(matmul::choose_tile(m, n, batch)),
+    }
+}
+
+/// The tiles a search measures for a product of `key` (those its kernel can run here).
+pub fn candidate_tiles(dev: &Device, key: &ProductKey) -> Vec<TileChoice> {
+    let all: Vec<TileChoice> = match coop_for(dev, key) {
+        Some(_) => matmul_coop::SEARCH_TILES
+            .iter()
+            .map(|t| TileChoice::Coop(*t))
+            .collect(),
+        None => tuning::tiled_search_tiles()
+            .into_iter()
+            .map(TileChoice::Tiled)
+            .collect(),
+    };
+    all.into_iter().filter(|t| runs(dev, key, *t)).collect()
+}
+
+/// Cooperative matrices for a mixed-precision product where the adapter has them, else the
+/// tiled kernel; the tile measured for the product on this adapter (`Device::tile_for`) when it
+/// suits that kernel and fits, else the one the shape heuristics choose.
+fn choose_kernel(dev: &Device, key: &ProductKey) -> Choice {
+    let tile = dev
+        .tile_for(key)
+        .filter(|t| runs(dev, key, *t))
+        .unwrap_or_else(|| heuristic_tile(dev, key));
+    match (tile, coop_for(dev, key)) {
+        (TileChoice::Coop(t), Some(coop)) => Choice::Coop(coop, t),
+        (TileChoice::Tiled(t), _) => Choice::Tiled(t),
+        (TileChoice::Coop(_), None) => unreachable!("heuristic and checked tiles suit the kernel"),
+    }
+}
+
+/// The kernel variant a product runs on, as benchmarks print it.
+pub fn matmul_variant(device: &Device, key: &ProductKey) -> String {
+    match choose_kernel(device, key) {
         Choice::Coop(coop, tile) => tile.describe(coop.fs),
-        Choice::Tiled(tile) => format!("tiled {}{}", tile.name(), if half { " f16" } else { "" }),
+        Choice::Tiled(tile) => format!(
+            "tiled {}{}",
+            tile.name(),
+            if key.half { " f16" } else { "" }
+        ),
     }
 }
 
@@ -269,17 +326,43 @@ impl Tensor {
             c: out.dtype(),
             half: half_precision(&a, &b),
         };
+        let key = ProductKey {
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            batch: batch as u32,
+            half: types.half,
+            a_f16: types.a == DType::F16,
+            b_f16: types.b == DType::F16,
+            a_t: params.a_ms == 1 && params.a_ks != 1,
+            b_t: params.b_ks == 1 && params.b_ns != 1,
+        };
         let dev = self.device();
-        let (kernels, spec, (bm, bn)) = match choose_kernel(dev.gpu(), m, n, batch, types.half) {
-            Choice::Coop(coop, tile) => (
-                [
-                    &matmul_coop::MATMUL_COOP,
-                    &matmul_coop::MATMUL_COOP_BIAS,
-                    &matmul_coop::MATMUL_COOP_BIAS_GELU,
-                ],
-                matmul_coop::spec(tile, acc, types, coop),
-                (tile.bm(coop.fs), tile.bn(coop.fs)),
-            ),
+        let (kernels, spec, (bm, bn)) = match choose_kernel(dev, &key) {
+            Choice::Coop(coop, tile) => {
+                let layout = |t: &Tensor, rows, cols, bs| matmul_coop::OperandLayout {
+                    dtype: t.dtype(),
+                    offset: t.layout().offset,
+                    batch_stride: bs,
+                    batch,
+                    rows,
+                    row_stride: t.strides()[t.rank() - 2],
+                    cols,
+                    col_stride: t.strides()[t.rank() - 1],
+                    bound_elements: t.storage().bound_bytes() as usize / t.dtype().size(),
+                };
+                let a_access = layout(&a, m, k, a_bs).access();
+                let b_access = layout(&b, k, n, b_bs).access();
+                (
+                    [
+                        &matmul_coop::MATMUL_COOP,
+                        &matmul_coop::MATMUL_COOP_BIAS,
+                        &matmul_coop::MATMUL_COOP_BIAS_GELU,
+                    ],
+                    matmul_coop::spec(tile, acc, types, coop, a_access, b_access),
+                    (tile.bm(coop.fs), tile.bn(coop.fs)),
+                )
+            }
             Choice::Tiled(tile) => (
                 [
                     &matmul::MATMUL,

@@ -19,7 +19,7 @@ pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
 pub use crate::kernels::reduce::ReduceOp;
 pub use autocast::{autocast, autocast_enabled};
 pub use linear::Activation;
-pub use matmul::matmul_variant;
+pub use matmul::{candidate_tiles, heuristic_tile, matmul_variant};
 
 pub(crate) use elementwise::launch_copy;
 pub(crate) use reduce::ReduceBackward;

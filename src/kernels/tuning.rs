@@ -1,0 +1,254 @@
+//! Matmul tiles measured on this adapter: a table from a product (shape, layout, precision) to
+//! the tile that ran it fastest. `wgrad bench matmul --search` and `wgrad bench step --tune`
+//! fill it (see `crate::tune`); it is kept on disk per adapter and driver, and a product the
+//! table does not know gets the tile the shape heuristics choose.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::matmul::{Tile, TILES};
+use super::matmul_coop::CoopTile;
+
+/// A product as the tile choice sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ProductKey {
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    pub batch: u32,
+    /// Mixed precision: operands rounded to f16 (stored as f16, or f32 under autocast).
+    pub half: bool,
+    /// Operands stored as f16 (else f32).
+    pub a_f16: bool,
+    pub b_f16: bool,
+    /// A read with M unit-stride (a transposed view); B read with K unit-stride.
+    pub a_t: bool,
+    pub b_t: bool,
+}
+
+impl ProductKey {
+    /// `4096x50257x768 f16 A^T` style: M x N x K, batch, storage, layout.
+    pub fn describe(&self) -> String {
+        let ty = |f16| if f16 { "f16" } else { "f32" };
+        let mut s = format!("{}x{}x{}", self.m, self.n, self.k);
+        if self.batch > 1 {
+            s += &format!(" (x{})", self.batch);
+        }
+        s += &format!(" {}·{}", ty(self.a_f16), ty(self.b_f16));
+        if self.half && !(self.a_f16 && self.b_f16) {
+            s += " autocast";
+        }
+        if self.a_t {
+            s += " A^T";
+        }
+        if self.b_t {
+            s += " B^T";
+        }
+        s
+    }
+}
+
+/// The kernel and tile a product runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TileChoice {
+    Tiled(Tile),
+    Coop(CoopTile),
+}
+
+impl TileChoice {
+    /// `tiled 64x64x16/4x4` or `coop 2x4/4x2/32`.
+    pub fn name(&self) -> String {
+        match self {
+            TileChoice::Tiled(t) => format!("tiled {}", t.name()),
+            TileChoice::Coop(t) => format!("coop {}", t.name()),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<TileChoice> {
+        let (kind, tile) = s.split_once(' ')?;
+        match kind {
+            "tiled" => Tile::parse(tile).map(TileChoice::Tiled),
+            "coop" => CoopTile::parse(tile).map(TileChoice::Coop),
+            _ => None,
+        }
+    }
+}
+
+/// One measured entry, as the file holds it.
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    #[serde(flatten)]
+    key: ProductKey,
+    tile: String,
+    /// Median GPU time of the winning tile when it was measured.
+    ms: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct File {
+    adapter: String,
+    driver: String,
+    entries: Vec<Entry>,
+}
+
+/// The measured tiles of one adapter and driver.
+#[derive(Default)]
+pub struct TileTable {
+    entries: HashMap<ProductKey, (TileChoice, f64)>,
+}
+
+impl TileTable {
+    pub fn get(&self, key: &ProductKey) -> Option<TileChoice> {
+        self.entries.get(key).map(|(c, _)| *c)
+    }
+
+    /// Records `choice` (measured at `ms`) as the tile of `key`.
+    pub fn insert(&mut self, key: ProductKey, choice: TileChoice, ms: f64) {
+        self.entries.insert(key, (choice, ms));
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// (key, tile, ms) in a stable order (by shape).
+    pub fn rows(&self) -> Vec<(ProductKey, TileChoice, f64)> {
+        let mut rows: Vec<_> = self
+            .entries
+            .iter()
+            .map(|(k, (c, ms))| (*k, *c, *ms))
+            .collect();
+        rows.sort_by_key(|(k, _, _)| {
+            (
+                k.m, k.n, k.k, k.batch, k.half, k.a_f16, k.b_f16, k.a_t, k.b_t,
+            )
+        });
+        rows
+    }
+
+    /// The table as JSON, tagged with the adapter and driver it was measured on.
+    pub fn to_json(&self, adapter: &str, driver: &str) -> String {
+        let file = File {
+            adapter: adapter.to_string(),
+            driver: driver.to_string(),
+            entries: self
+                .rows()
+                .into_iter()
+                .map(|(key, c, ms)| Entry {
+                    key,
+                    tile: c.name(),
+                    ms,
+                })
+                .collect(),
+        };
+        serde_json::to_string_pretty(&file).expect("the tile table serializes")
+    }
+
+    /// Parses a table written by `to_json`; a table of another adapter or driver is empty (its
+    /// timings say nothing here). Entries whose tile this build does not know are dropped.
+    pub fn from_json(text: &str, adapter: &str, driver: &str) -> Result<TileTable, String> {
+        let file: File = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let mut table = TileTable::default();
+        if file.adapter != adapter || file.driver != driver {
+            return Ok(table);
+        }
+        for e in file.entries {
+            if let Some(c) = TileChoice::parse(&e.tile) {
+                table.insert(e.key, c, e.ms);
+            }
+        }
+        Ok(table)
+    }
+}
+
+/// Where the table of `info`'s adapter and driver lives: `$WGRAD_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/wgrad`, else `~/.cache/wgrad`; the file is named after both.
+pub fn cache_file(info: &wgpu::AdapterInfo) -> Option<PathBuf> {
+    let dir = match std::env::var_os("WGRAD_CACHE_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => match std::env::var_os("XDG_CACHE_HOME") {
+            Some(d) => PathBuf::from(d).join("wgrad"),
+            None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/wgrad"),
+        },
+    };
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect()
+    };
+    Some(dir.join(format!(
+        "matmul-tiles-{}-{}.json",
+        clean(&info.name),
+        clean(&info.driver_info)
+    )))
+}
+
+/// The tiled kernel's tiles a search measures: the defaults and larger register blocks.
+pub fn tiled_search_tiles() -> Vec<Tile> {
+    let mut v = TILES.to_vec();
+    for (bm, bn, bk, tm, tn) in [
+        (128, 128, 8, 8, 8),
+        (128, 64, 16, 8, 4),
+        (64, 128, 16, 4, 8),
+        (64, 64, 32, 4, 4),
+        (64, 64, 8, 4, 4),
+    ] {
+        v.push(Tile { bm, bn, bk, tm, tn });
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_round_trips_through_json_for_its_adapter_only() {
+        let key = ProductKey {
+            m: 4096,
+            n: 50257,
+            k: 768,
+            batch: 1,
+            half: true,
+            a_f16: false,
+            b_f16: true,
+            a_t: false,
+            b_t: true,
+        };
+        let mut t = TileTable::default();
+        t.insert(key, TileChoice::parse("coop 2x4/4x2/64").unwrap(), 1.5);
+        let tiled = ProductKey { half: false, ..key };
+        t.insert(tiled, TileChoice::Tiled(TILES[1]), 2.5);
+        let json = t.to_json("GPU", "1.0");
+        let back = TileTable::from_json(&json, "GPU", "1.0").unwrap();
+        assert_eq!(back.rows().len(), 2);
+        assert_eq!(back.get(&key), t.get(&key));
+        assert_eq!(back.get(&tiled), Some(TileChoice::Tiled(TILES[1])));
+        assert!(TileTable::from_json(&json, "GPU", "2.0")
+            .unwrap()
+            .is_empty());
+        assert!(TileTable::from_json("{", "GPU", "1.0").is_err());
+    }
+
+    #[test]
+    fn tile_names_parse_back() {
+        for t in tiled_search_tiles() {
+            let c = TileChoice::Tiled(t);
+            assert_eq!(TileChoice::parse(&c.name()), Some(c));
+        }
+        assert_eq!(TileChoice::parse("tiled 1x2"), None);
+        assert_eq!(TileChoice::parse("other 2x4/4x2"), None);
+    }
+}

@@ -1,0 +1,161 @@
+//! Tile search for matmul products: every tile the product's kernel can run here multiplies
+//! fresh random operands laid out as the product's key says, timed on the GPU; the fastest
+//! goes into the device's tile table (`Device::set_tile`), which `save_tiles` writes to the
+//! adapter's cache file for later runs. Searches measure; nothing here asserts on timing.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use crate::error::Result;
+use crate::graph::{DType, Device, Tensor};
+use crate::kernels::tuning::{self, ProductKey, TileChoice};
+use crate::ops::{autocast, candidate_tiles, heuristic_tile};
+
+/// One tile's time on a product.
+#[derive(Clone, Copy, Debug)]
+pub struct Measured {
+    pub tile: TileChoice,
+    /// Median milliseconds per product.
+    pub ms: f64,
+}
+
+/// What a search measured for one product.
+pub struct Search {
+    pub key: ProductKey,
+    /// The tile the heuristics would have chosen.
+    pub default: TileChoice,
+    /// Every candidate, in the order measured.
+    pub measured: Vec<Measured>,
+}
+
+impl Search {
+    pub fn best(&self) -> Measured {
+        *self
+            .measured
+            .iter()
+            .min_by(|a, b| a.ms.total_cmp(&b.ms))
+            .expect("a search measures one tile at least")
+    }
+
+    /// The default tile's time, when it was among the candidates.
+    pub fn default_ms(&self) -> Option<f64> {
+        self.measured
+            .iter()
+            .find(|m| m.tile == self.default)
+            .map(|m| m.ms)
+    }
+}
+
+/// Random operands for `key`: A (batch, M, K) and B (batch, K, N) in their storage types,
+/// transposed views where the key says so.
+pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
+    let (m, n, k, batch) = (
+        key.m as usize,
+        key.n as usize,
+        key.k as usize,
+        key.batch as usize,
+    );
+    let make = |rows: usize, cols: usize, t: bool, f16: bool, seed: u64| -> Result<Tensor> {
+        let shape = if t {
+            [batch, cols, rows]
+        } else {
+            [batch, rows, cols]
+        };
+        let x = Tensor::rand_uniform(device, &shape, -1.0, 1.0, seed)?;
+        let x = if f16 { x.to_dtype(DType::F16)? } else { x };
+        if t {
+            x.t()
+        } else {
+            Ok(x)
+        }
+    };
+    Ok((
+        make(m, k, key.a_t, key.a_f16, 1)?,
+        make(k, n, key.b_t, key.b_f16, 2)?,
+    ))
+}
+
+/// Median milliseconds of `a @ b` (under autocast when `half`) over `reps` products after one
+/// untimed: GPU timestamps around each product where the adapter has them, else the wall time
+/// of all `reps` recorded back to back over `reps`.
+pub fn time_product(
+    device: &Device,
+    a: &Tensor,
+    b: &Tensor,
+    half: bool,
+    reps: usize,
+) -> Result<f64> {
+    let product = || autocast(half, || a.matmul(b));
+    drop(product()?);
+    device.sync()?;
+    let reps = reps.max(1);
+    if device.set_gpu_timing(true).is_some() {
+        for _ in 0..reps {
+            drop(product()?);
+        }
+        let intervals = device.take_gpu_intervals()?;
+        device.set_gpu_timing(false);
+        let mut ms: Vec<f64> = intervals
+            .iter()
+            .filter(|i| i.label.starts_with("matmul"))
+            .map(|i| (i.end_ns - i.start_ns) * 1e-6)
+            .collect();
+        if ms.len() == reps {
+            ms.sort_by(f64::total_cmp);
+            return Ok(ms[reps / 2]);
+        }
+    }
+    device.sync()?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        drop(product()?);
+    }
+    device.sync()?;
+    Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)
+}
+
+/// Measures every candidate tile of `key`, records the fastest in the device's table, and
+/// returns what it measured.
+pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> {
+    let (a, b) = operands(device, key)?;
+    let mut measured = Vec::new();
+    for tile in candidate_tiles(device, key) {
+        device.force_tile(Some(tile));
+        let ms = time_product(device, &a, &b, key.half, reps);
+        device.force_tile(None);
+        measured.push(Measured { tile, ms: ms? });
+    }
+    let search = Search {
+        key: *key,
+        default: heuristic_tile(device, key),
+        measured,
+    };
+    let best = search.best();
+    device.set_tile(*key, best.tile, best.ms);
+    Ok(search)
+}
+
+/// Writes the device's tile table to the adapter's cache file (written whole, then renamed);
+/// returns the path, or None where no cache directory can be named.
+pub fn save_tiles(device: &Device) -> Result<Option<PathBuf>> {
+    let Some(path) = tuning::cache_file(&device.gpu().info) else {
+        return Ok(None);
+    };
+    crate::model::atomic::write_file(&path, device.tile_table_json().as_bytes())?;
+    Ok(Some(path))
+}
+
+/// Searches every distinct product that one call of `step` records (a training step, say), in
+/// the order first recorded; the winners go into the device's table.
+pub fn search_step(
+    device: &Device,
+    reps: usize,
+    step: impl FnOnce() -> Result<()>,
+) -> Result<Vec<Search>> {
+    device.log_products(true);
+    let ran = step().and_then(|_| device.sync());
+    let keys = device.take_product_log();
+    device.log_products(false);
+    ran?;
+    keys.iter().map(|key| search(device, key, reps)).collect()
+}
