@@ -3,10 +3,11 @@
 //! f32 accumulation, f32 or f16 outputs, epilogues, accumulation, and the backward products of
 //! an autocast forward, all against the CPU f64 reference.
 //!
-//! Tolerances: against the f64 product of the unrounded inputs, 1e-2 (the bound; the
-//! rounding of the operands to f16 costs about 1e-3 at these sizes); against the f64 product of
-//! the operands rounded to f16, 1e-5 (f32 accumulation only), which shows the kernel rounds
-//! the operands and nothing else.
+//! Tolerances: against the f64 product of the unrounded inputs, a relative error (norm of the
+//! difference over norm of the product) under 1e-2 (the bound; the rounding of the
+//! operands to f16 costs about 3e-4); against the f64 product of the operands rounded to f16,
+//! 1e-5 elementwise (f32 accumulation only), which shows the kernel rounds the operands and
+//! nothing else.
 
 mod common;
 
@@ -53,13 +54,16 @@ fn check_half(
     let c = autocast(true, || x.matmul(&y)).unwrap();
     assert_eq!(c.dtype(), DType::F32);
     let what = format!("f16 matmul {m}x{k}x{n}, operands {dtype:?}, A^T {ta}, B^T {tb}");
-    check(&c, &a.matmul(&b), HALF_TOL, &what);
-    check(
-        &c,
-        &round_f16(&a).matmul(&round_f16(&b)),
-        ROUNDED_TOL,
-        &format!("{what} (rounded)"),
-    );
+    check_rel_norm(&c, &a.matmul(&b), HALF_TOL, &what);
+    let rounded = round_f16(&a).matmul(&round_f16(&b));
+    let what = format!("{what} (rounded)");
+    if k <= 1024 {
+        check(&c, &rounded, ROUNDED_TOL, &what);
+    } else {
+        // f32 accumulation over a long K: its rounding grows with K, elementwise past 1e-5
+        // (1.4e-5 at K = 3000); the whole product stays far under.
+        check_rel_norm(&c, &rounded, ROUNDED_TOL, &what);
+    }
 }
 
 const SIZES: [(usize, usize, usize); 5] = [
@@ -250,7 +254,14 @@ fn casts_round_trip_and_pass_gradients_through() {
 fn f16_operand_layouts_and_offsets() {
     let d = dev();
     let mut rng = rng("f16 matmul layouts");
-    for s in [(40, 64, 48), (36, 44, 52), (130, 96, 72), (257, 136, 264)] {
+    // The last shape splits K (few outputs over a long K).
+    for s in [
+        (40, 64, 48),
+        (36, 44, 52),
+        (130, 96, 72),
+        (257, 136, 264),
+        (40, 3000, 36),
+    ] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             for dtype in [DType::F16, DType::F32] {
                 check_half(d, &mut rng, s, ta, tb, dtype);

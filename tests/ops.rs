@@ -1039,6 +1039,38 @@ fn matmul_long_inner_dim() {
     check_matmul(dev(), &mut rng, (3, 5003, 2), true, true);
 }
 
+/// Few outputs over a long K run as ranges of K in workgroups of their own, summed by a second
+/// kernel (`matmul::split_k`): written, added into an existing gradient, and through views.
+#[test]
+fn matmul_split_k_writes_accumulates_and_reaches_views() {
+    use wgrad::kernels::matmul::split_k;
+    let d = dev();
+    let mut rng = rng("matmul split k");
+    let (m, k, n) = (37, 3001, 29);
+    assert!(split_k(4, k) > 1, "the shape splits K");
+    check_matmul(d, &mut rng, (m, k, n), false, false);
+    check_matmul(d, &mut rng, (m, k, n), true, false);
+    // dW = x^T g over K = 3001 rows, twice: the second adds into the first.
+    let x = Arr::rand(&mut rng, &[k, m], -1.0, 1.0);
+    let w = Arr::rand(&mut rng, &[m, n], -1.0, 1.0);
+    let (g1, g2) = (
+        Arr::rand(&mut rng, &[k, n], -1.0, 1.0),
+        Arr::rand(&mut rng, &[k, n], -1.0, 1.0),
+    );
+    let wl = w.upload(d).requires_grad();
+    let xt = x.upload(d);
+    for g in [&g1, &g2] {
+        xt.matmul(&wl).unwrap().backward_with(&g.upload(d)).unwrap();
+    }
+    let want = x.t().matmul(&g1).zip(&x.t().matmul(&g2), |a, b| a + b);
+    check(
+        &wl.grad().unwrap(),
+        &want,
+        TOL,
+        "two split-K dW accumulated",
+    );
+}
+
 #[test]
 fn matmul_batched_and_broadcast_batches() {
     let d = dev();

@@ -140,6 +140,7 @@ fn params_structs_match_their_wgsl_mirrors() {
 /// so this is what CI checks of them; they run on a GPU machine (see PROFILING.md).
 #[test]
 fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
+    use wgrad::kernels::attention_coop;
     use wgrad::kernels::matmul_coop::{variants, Coop};
     let caps = Capabilities::SUBGROUP
         | Capabilities::SHADER_FLOAT16
@@ -149,7 +150,9 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     // (adapter, its workgroup memory, whether its variants must translate to MSL: the NVIDIA
     // variants load fragments from vec4<f16> tiles, which only Vulkan's loads allow)
     for (coop, wg_bytes, msl) in [(Coop::NVIDIA, 49152, false), (Coop::APPLE, 32768, true)] {
-        for (kernel, spec) in variants(coop, wg_bytes) {
+        let mut all = variants(coop, wg_bytes);
+        all.extend(attention_coop::variants(coop, wg_bytes));
+        for (kernel, spec) in all {
             let what = format!("{} [{}]", kernel.name, spec.describe());
             let src = compose_source(kernel.family, &spec, true);
             let module = naga::front::wgsl::parse_str(&src)
@@ -187,7 +190,8 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     }
     assert_eq!(
         count,
-        2 * 5 * 3 * 2 * 16 * 3,
-        "variants: 2 fragment sizes x 5 type sets x 3 tiles x acc x 4 x 4 operand accesses x 3 epilogues"
+        2 * (5 * 3 * 2 * 16 * 3 + 3 * 7),
+        "variants: 2 fragment sizes x (matmul: 5 type sets x 3 tiles x acc x 4 x 4 operand \
+         accesses x 3 epilogues; attention: 3 head dims x 7 pass and accumulate variants)"
     );
 }

@@ -8,7 +8,7 @@
 // K, so any size works); each of the (BM/TM)*(BN/TN) lanes accumulates a TM x TN register
 // block, rows tr + i*(BM/TM) and columns tc + j*(BN/TN) (interleaved, so lanes of a subgroup
 // read distinct workgroup-memory words and write coalesced columns).
-// Grid: x over N tiles, y over M tiles, z over the batch.
+// Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
 // matmul_bias_gelu (also saves the pre-activation). Specialization: BM, BN, BK, TM, TN, ACC.
 //
@@ -35,7 +35,7 @@ struct Params {
     c_ms: u32,
     c_ns: u32,
     bias_off: u32,
-    _pad0: u32,
+    k_split: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -50,6 +50,22 @@ struct Params {
 const ROW_LANES: u32 = BM / TM;
 const COL_LANES: u32 = BN / TN;
 const WG: u32 = ROW_LANES * COL_LANES;
+
+// The K range of this workgroup: all of K; or, split (k_split > 0, batch 1: z numbers the
+// ranges, and C holds one partial product per range, c_bs apart),
+// [z * k_split, min(K, (z + 1) * k_split)).
+var<private> k_lo: u32;
+var<private> k_hi: u32;
+
+fn k_range(wid: vec3<u32>) {
+    k_lo = 0u;
+    k_hi = p.k;
+    if (p.k_split > 0u) {
+        k_lo = wid.z * p.k_split;
+        k_hi = min(p.k, k_lo + p.k_split);
+    }
+}
+
 
 // Tiles in workgroup memory, [k][m] and [k][n], each row padded by one word so that lanes
 // storing consecutive k (a row-major A read along k) land in different banks.
@@ -75,7 +91,8 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
     var a_reg: array<f32, TM>;
     var b_reg: array<f32, TN>;
 
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+    k_range(wid);
+    for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
         // Stage A: consecutive lanes walk A's unit-stride dim (k for a row-major A, m for a
         // transposed view), so global reads coalesce either way.
         let a_m_fast = p.a_ms == 1u && p.a_ks != 1u;
@@ -89,7 +106,7 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             let gm = row0 + mm;
             let gk = k0 + kk;
             var v = TS(0.0);
-            if (gm < p.m && gk < p.k) {
+            if (gm < p.m && gk < k_hi) {
                 v = TS(a[a_base + gm * p.a_ms + gk * p.a_ks]);
             }
             a_tile[kk * A_ROW + mm] = v;
@@ -106,7 +123,7 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             let gk = k0 + kk;
             let gn = col0 + nn;
             var v = TS(0.0);
-            if (gk < p.k && gn < p.n) {
+            if (gk < k_hi && gn < p.n) {
                 v = TS(b[b_base + gk * p.b_ks + gn * p.b_ns]);
             }
             b_tile[kk * B_ROW + nn] = v;

@@ -26,7 +26,7 @@
 // The epilogue goes through an FS x FS f32 scratch tile per subgroup: the subgroup stores one
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
 // f16) through its strides with bounds checks.
-// Grid: x over N tiles, y over M tiles, z over the batch.
+// Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
 // backend needs named expressions there).
@@ -51,7 +51,7 @@ struct Params {
     c_ms: u32,
     c_ns: u32,
     bias_off: u32,
-    _pad0: u32,
+    k_split: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -69,15 +69,33 @@ const BN: u32 = SG_N * FN * FS;
 
 // Units per tile row, and tile rows padded by one unit (8 halves), in halves.
 const A_UNITS: u32 = select(BM, BK, A_UK) / 8u;
+// The A tile is [m][k] when its units run along k, else [k][m].
+const A_MK: bool = A_UK;
 const B_UNITS: u32 = select(BK, BN, B_UN) / 8u;
-const AS: u32 = (A_UNITS + 1u) * 8u;
+const AS: u32 = (select(BM, BK, A_MK) / 8u + 1u) * 8u;
 const BS: u32 = (B_UNITS + 1u) * 8u;
 // Units each lane fetches per step of K.
 const UA: u32 = BM * BK / 8u / WG;
 const UB: u32 = BK * BN / 8u / WG;
 
-var<workgroup> a_sh: array<SHT, select(BK, BM, A_UK) * AS / SHW>;
+var<workgroup> a_sh: array<SHT, select(BK, BM, A_MK) * AS / SHW>;
 var<workgroup> b_sh: array<SHT, select(BN, BK, B_UN) * BS / SHW>;
+
+// The K range of this workgroup: all of K; or, split (k_split > 0, batch 1: z numbers the
+// ranges, and C holds one partial product per range, c_bs apart),
+// [z * k_split, min(K, (z + 1) * k_split)).
+var<private> k_lo: u32;
+var<private> k_hi: u32;
+
+fn k_range(wid: vec3<u32>) {
+    k_lo = 0u;
+    k_hi = p.k;
+    if (p.k_split > 0u) {
+        k_lo = wid.z * p.k_split;
+        k_hi = min(p.k, k_lo + p.k_split);
+    }
+}
+
 const FE: u32 = FS * FS; // elements of a fragment
 const FRAGS: u32 = FM * FN;
 var<workgroup> c_sh: array<f32, SG_M * SG_N * FE>;
@@ -153,10 +171,10 @@ fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
         gk = k0 + row;
     }
     var u: Unit;
-    if (gm < p.m && gk < p.k) {
+    if (gm < p.m && gk < k_hi) {
         let i = p.a_off + wid.z * p.a_bs + gm * p.a_ms + gk * p.a_ks;
         if (A_UK) {
-            u = unit_a(i, p.a_ks, min(8u, p.k - gk));
+            u = unit_a(i, p.a_ks, min(8u, k_hi - gk));
         } else {
             u = unit_a(i, p.a_ms, min(8u, p.m - gm));
         }
@@ -175,12 +193,12 @@ fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
         gn = wid.x * BN + row;
     }
     var u: Unit;
-    if (gk < p.k && gn < p.n) {
+    if (gk < k_hi && gn < p.n) {
         let i = p.b_off + wid.z * p.b_bs + gk * p.b_ks + gn * p.b_ns;
         if (B_UN) {
             u = unit_b(i, p.b_ns, min(8u, p.n - gn));
         } else {
-            u = unit_b(i, p.b_ks, min(8u, p.k - gk));
+            u = unit_b(i, p.b_ks, min(8u, k_hi - gk));
         }
     }
     return u;
@@ -201,7 +219,7 @@ fn store_b(lid: u32, j: u32, u: Unit) {
 // The A fragment of tile rows m0.. and columns k0.. (in halves), and the B fragment of rows
 // k0.., columns n0...
 fn frag_a(m0: u32, k0: u32) -> MA {
-    if (A_UK) {
+    if (A_MK) {
         let i = (m0 * AS + k0) / SHW;
         let s = AS / SHW;
         return coopLoadT<MA>(&a_sh[i], s);

@@ -113,8 +113,14 @@ fn reduce_dims(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let g = wid.x;
     var acc = identity();
+    // A contiguous input (a flat parameter chunk's gradients) skips the index arithmetic.
+    let flat = p.rank == 1u && p.strides[0][0] == 1u;
     for (var i = g * RED_WG + lanes.lid; i < p.numel; i += p.n_groups * RED_WG) {
-        acc = fold(acc, x[kept_offset(i)]);
+        if (flat) {
+            acc = fold(acc, x[p.in_offset + i]);
+        } else {
+            acc = fold(acc, x[kept_offset(i)]);
+        }
     }
     acc = wg_reduce(acc, lanes, COMBINE);
     if (lanes.lid == 0u) {

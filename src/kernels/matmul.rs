@@ -33,7 +33,9 @@ pub struct MatmulParams {
     pub c_ms: u32,
     pub c_ns: u32,
     pub bias_off: u32,
-    pub _pad: [u32; 3],
+    /// Split-K: the length of each workgroup's range of K (0: none; see `k_range` in the WGSL).
+    pub k_split: u32,
+    pub _pad: [u32; 2],
 }
 
 pub static MATMUL: KernelDesc = KernelDesc {
@@ -64,6 +66,56 @@ pub static MATMUL_BIAS_GELU: KernelDesc = KernelDesc {
     ],
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
+
+pub static SPLIT_FAMILY: Family = Family {
+    name: "matmul_split",
+    source: include_str!("../../wgsl/matmul_split.wgsl"),
+    workgroup_reduce: false,
+};
+
+/// Mirrors `Params` in matmul_split.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct SplitSumParams {
+    pub m: u32,
+    pub n: u32,
+    pub splits: u32,
+    pub c_off: u32,
+    pub c_ms: u32,
+    pub c_ns: u32,
+    pub _pad: [u32; 2],
+}
+
+/// C (+)= the sum of the split-K partial products (S, M, N).
+pub static MATMUL_SPLIT_SUM: KernelDesc = KernelDesc {
+    name: "matmul_split_sum",
+    family: &SPLIT_FAMILY,
+    storage: &[Access::ReadWrite, Access::Read],
+    params_size: std::mem::size_of::<SplitSumParams>() as u64,
+};
+
+/// Workgroups a product should give the GPU before its K is split (a few per core of a large
+/// GPU: an H200 has 132).
+pub const SPLIT_TARGET_GROUPS: usize = 256;
+/// The shortest range of K worth a workgroup of its own.
+pub const SPLIT_MIN_K: usize = 256;
+/// Ranges at most.
+pub const SPLIT_MAX: usize = 16;
+
+/// The ranges to split K into for a product of `tiles` workgroups: a power of two that brings
+/// the workgroups to `SPLIT_TARGET_GROUPS`, each range at least `SPLIT_MIN_K` long; 1 for none.
+pub fn split_k(tiles: usize, k: usize) -> usize {
+    let want = SPLIT_TARGET_GROUPS / tiles.max(1);
+    let most = (k / SPLIT_MIN_K).min(SPLIT_MAX).min(want);
+    if most < 2 {
+        return 1;
+    }
+    1 << most.ilog2()
+}
+
+pub fn split_sum_spec(c: DType, acc: bool) -> Spec {
+    Spec::new().ty("TC", c.wgsl()).bool("ACC", acc)
+}
 
 /// A workgroup tile: BM x BN outputs, K staged BK at a time, TM x TN per lane.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -253,11 +305,21 @@ pub fn spec(t: Tile, acc: bool, types: Types) -> Spec {
 /// Every tiled variant: each tile, accumulate or not, f32 and (with shader-f16) the
 /// mixed-precision step's types.
 pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
+    let mut v = Vec::new();
+    let outs: &[DType] = if f16 {
+        &[DType::F32, DType::F16]
+    } else {
+        &[DType::F32]
+    };
+    for &c in outs {
+        for acc in [false, true] {
+            v.push((&MATMUL_SPLIT_SUM, split_sum_spec(c, acc)));
+        }
+    }
     let mut types = vec![Types::F32];
     if f16 {
         types.extend(STEP_TYPES);
     }
-    let mut v = Vec::new();
     for ty in types {
         for t in TILES {
             for acc in [false, true] {

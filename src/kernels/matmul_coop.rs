@@ -435,18 +435,18 @@ fn unrolled_source(t: CoopTile, coop: Coop) -> String {
         w,
         "}}\n\n// The subgroup's accumulators of the workgroup's tile of A @ B: the next step's units\n\
          // are fetched while this step multiplies.\n\
-         fn product(wid: vec3<u32>, lid: u32, sg: u32) {{\n    let sm = sg / SG_N;\n    let sn = sg % SG_N;"
+         fn product(wid: vec3<u32>, lid: u32, sg: u32) {{\n    let sm = sg / SG_N;\n    let sn = sg % SG_N;\n    k_range(wid);"
     );
     for f in 0..fm * fn_ {
         let _ = writeln!(w, "    acc{f} = MC();");
     }
     let _ = writeln!(
         w,
-        "    fetch_units(wid, lid, 0u);\n\
-         \x20   for (var k0 = 0u; k0 < p.k; k0 += BK) {{\n\
+        "    fetch_units(wid, lid, k_lo);\n\
+         \x20   for (var k0 = k_lo; k0 < k_hi; k0 += BK) {{\n\
          \x20       store_units(lid);\n\
          \x20       workgroupBarrier();\n\
-         \x20       if (k0 + BK < p.k) {{\n\
+         \x20       if (k0 + BK < k_hi) {{\n\
          \x20           fetch_units(wid, lid, k0 + BK);\n\
          \x20       }}\n\
          \x20       multiply(sm, sn);\n\

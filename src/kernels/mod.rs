@@ -13,6 +13,7 @@
 
 pub mod adamw;
 pub mod attention;
+pub mod attention_coop;
 pub mod cast;
 pub mod cross_entropy;
 mod dtype;

@@ -11,6 +11,9 @@ use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Storage, Tensor};
 use crate::kernels::attention::{self, AttentionParams, Pass, MAX_HEAD_DIM};
+use crate::kernels::attention_coop;
+use crate::kernels::matmul_coop::Coop;
+use crate::ops::autocast_enabled;
 use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
 
@@ -23,6 +26,8 @@ struct CausalAttentionBackward {
     v: Tensor,   // (B, H, T, D)
     o: Tensor,   // (B, H, T, D)
     lse: Tensor, // (B, H, T), contiguous
+    /// The forward ran on cooperative matrices (an autocast forward): so does the backward.
+    coop: Option<Coop>,
 }
 
 impl Backward for CausalAttentionBackward {
@@ -39,7 +44,10 @@ impl Backward for CausalAttentionBackward {
             }
             return Ok(());
         }
-        let g = unit_d(g)?;
+        let mut g = unit_d(g)?;
+        if self.coop.is_some() && !aligned4(&g) {
+            g = g.contiguous()?;
+        }
         let dvec = Tensor::uninit(g.device(), &shape[..3], DType::F32, OP)?; // D (B, H, T)
         let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, &g, &dvec];
 
@@ -142,7 +150,7 @@ impl CausalAttentionBackward {
             self.lse.storage(),
             self.o.storage(),
         ];
-        dispatch(Pass::Dq, &self.q, &params, &storage, acc, false)
+        dispatch(Pass::Dq, &self.q, &params, &storage, acc, false, self.coop)
     }
 
     /// dK into `dk` and dV into `dv`; needs D from `launch_dq`.
@@ -169,7 +177,15 @@ impl CausalAttentionBackward {
             self.lse.storage(),
             dvec.storage(),
         ];
-        dispatch(Pass::Dkv, &self.q, &params, &storage, acc_k, acc_v)
+        dispatch(
+            Pass::Dkv,
+            &self.q,
+            &params,
+            &storage,
+            acc_k,
+            acc_v,
+            self.coop,
+        )
     }
 }
 
@@ -330,7 +346,32 @@ fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor, op: &'static str) -> Result<
     Ok([s[0], s[1], s[2], s[3]])
 }
 
-/// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H).
+/// Whether the cooperative-matrix kernels can read `t` (B, H, T, D) four elements at a time:
+/// D, its offset and its strides multiples of 4.
+fn aligned4(t: &Tensor) -> bool {
+    t.shape()[3].is_multiple_of(4)
+        && t.layout().offset.is_multiple_of(4)
+        && t.strides()[..3].iter().all(|s| s.is_multiple_of(4))
+}
+
+/// The cooperative matrices an attention of q, k, v runs on: under autocast, where the
+/// adapter has them, a tile fits, and the inputs are `aligned4`.
+fn coop_for(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<Coop> {
+    if !autocast_enabled() || ![q, k, v].into_iter().all(aligned4) {
+        return None;
+    }
+    let gpu = q.device().gpu();
+    let coop = Coop::available(gpu)?;
+    let dmax = attention::head_dim_bucket(q.shape()[3])?;
+    let limit = gpu.limits.max_compute_workgroup_storage_size;
+    [Pass::Forward, Pass::Dq, Pass::Dkv]
+        .into_iter()
+        .all(|pass| attention_coop::tile(pass, dmax, coop, limit).is_some())
+        .then_some(coop)
+}
+
+/// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H); on
+/// the cooperative-matrix kernels when `coop`.
 fn dispatch(
     pass: Pass,
     q: &Tensor,
@@ -338,6 +379,7 @@ fn dispatch(
     storage: &[&Storage],
     acc_a: bool,
     acc_b: bool,
+    coop: Option<Coop>,
 ) -> Result<()> {
     let s = q.shape();
     let dmax = attention::head_dim_bucket(s[3]).ok_or_else(|| Error::InvalidArgument {
@@ -347,8 +389,20 @@ fn dispatch(
             s[3]
         ),
     })?;
-    let tile = attention::tile(pass, dmax);
-    let block = if pass == Pass::Dkv { tile.bc } else { tile.br };
+    let limit_bytes = q.device().gpu().limits.max_compute_workgroup_storage_size;
+    let coop_tile = coop.and_then(|c| Some((c, attention_coop::tile(pass, dmax, c, limit_bytes)?)));
+    let (kernel, spec, block) = match coop_tile {
+        Some((c, t)) => (
+            attention_coop::kernel(pass),
+            attention_coop::spec(pass, t, c, acc_a, acc_b),
+            t.rows(c),
+        ),
+        None => {
+            let t = attention::tile(pass, dmax);
+            let block = if pass == Pass::Dkv { t.bc } else { t.br };
+            (pass.kernel(), attention::spec(pass, t, acc_a, acc_b), block)
+        }
+    };
     let groups = [s[2].div_ceil(block as usize), s[0] * s[1]];
     let limit = q.device().gpu().limits.max_compute_workgroups_per_dimension as usize;
     if let Some(&count) = groups.iter().find(|&&n| n > limit) {
@@ -359,8 +413,8 @@ fn dispatch(
         });
     }
     q.device().record(
-        pass.kernel(),
-        &attention::spec(pass, tile, acc_a, acc_b),
+        kernel,
+        &spec,
         params,
         storage,
         [groups[0] as u32, groups[1] as u32, 1],
@@ -371,6 +425,8 @@ fn dispatch(
 impl Tensor {
     /// Causal self-attention of queries `self`, keys `k` and values `v`, each (B, H, T, D)
     /// with D <= 128 (any strides): softmax(q k^T / sqrt(D), keys j <= query i) v, fused.
+    /// Under autocast, on an adapter with cooperative matrices, its products (forward and
+    /// backward) run in f16 with f32 accumulation; softmax and statistics stay f32.
     pub fn causal_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         let [b, h, t, d] = check_shapes(self, k, v, OP)?;
         if d == 0 || d > MAX_HEAD_DIM {
@@ -381,6 +437,7 @@ impl Tensor {
             });
         }
         let (q, kd, vd) = (unit_d(self)?, unit_d(k)?, unit_d(v)?);
+        let coop = coop_for(&q, &kd, &vd);
         let device = self.device();
         let o = Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?;
         let lse = Tensor::uninit(device, &[b, h, t], DType::F32, OP)?;
@@ -403,7 +460,7 @@ impl Tensor {
                 kd.storage(),
                 vd.storage(),
             ];
-            dispatch(Pass::Forward, &q, &params, &storage, false, false)?;
+            dispatch(Pass::Forward, &q, &params, &storage, false, false, coop)?;
         }
         let saved_o = o.clone();
         Ok(record(o, &[self, k, v], || CausalAttentionBackward {
@@ -412,6 +469,7 @@ impl Tensor {
             v: vd,
             o: saved_o,
             lse,
+            coop,
         }))
     }
 

@@ -318,7 +318,8 @@ impl Tensor {
             c_ms: out.strides()[cr - 2] as u32,
             c_ns: out.strides()[cr - 1] as u32,
             bias_off: 0,
-            _pad: [0; 3],
+            k_split: 0,
+            _pad: [0; 2],
         };
         let types = matmul::Types {
             a: a.dtype(),
@@ -338,7 +339,30 @@ impl Tensor {
             b_t: params.b_ks == 1 && params.b_ns != 1,
         };
         let dev = self.device();
-        let (kernels, spec, (bm, bn)) = match choose_kernel(dev, &key) {
+        let choice = choose_kernel(dev, &key);
+        let (bm, bn, bk) = match choice {
+            Choice::Coop(coop, t) => (t.bm(coop.fs), t.bn(coop.fs), t.bk),
+            Choice::Tiled(t) => (t.bm, t.bn, t.bk),
+        };
+        let tiles = m.div_ceil(bm as usize) * n.div_ceil(bn as usize) * batch;
+        // Too few workgroups over a long K: ranges of K in workgroups of their own, partial
+        // products summed by a second kernel (plain products only; batch 1).
+        let split = match epilogue {
+            Epilogue::None if batch == 1 => matmul::split_k(tiles, k),
+            _ => 1,
+        };
+        // With a split the matmul kernel writes f32 partials, the sum adds or writes C.
+        let (kernel_types, kernel_acc) = match split {
+            1 => (types, acc),
+            _ => (
+                matmul::Types {
+                    c: DType::F32,
+                    ..types
+                },
+                false,
+            ),
+        };
+        let (kernels, spec) = match choice {
             Choice::Coop(coop, tile) => {
                 let layout = |t: &Tensor, rows, cols, bs| matmul_coop::OperandLayout {
                     dtype: t.dtype(),
@@ -359,8 +383,7 @@ impl Tensor {
                         &matmul_coop::MATMUL_COOP_BIAS,
                         &matmul_coop::MATMUL_COOP_BIAS_GELU,
                     ],
-                    matmul_coop::spec(tile, acc, types, coop, a_access, b_access),
-                    (tile.bm(coop.fs), tile.bn(coop.fs)),
+                    matmul_coop::spec(tile, kernel_acc, kernel_types, coop, a_access, b_access),
                 )
             }
             Choice::Tiled(tile) => (
@@ -369,8 +392,7 @@ impl Tensor {
                     &matmul::MATMUL_BIAS,
                     &matmul::MATMUL_BIAS_GELU,
                 ],
-                matmul::spec(tile, acc, types),
-                (tile.bm, tile.bn),
+                matmul::spec(tile, kernel_acc, kernel_types),
             ),
         };
         let groups = [
@@ -378,6 +400,47 @@ impl Tensor {
             m.div_ceil(bm as usize) as u32,
             batch as u32,
         ];
+        if split > 1 {
+            // Ranges a whole number of K steps long (so vector units stay aligned).
+            let k_split = k.div_ceil(split).next_multiple_of(bk as usize);
+            let splits = k.div_ceil(k_split);
+            let part = Tensor::uninit(dev, &[splits, m, n], DType::F32, OP)?; // (S, M, N)
+            let split_params = MatmulParams {
+                batch: splits as u32,
+                k_split: k_split as u32,
+                a_bs: 0,
+                b_bs: 0,
+                c_off: 0,
+                c_bs: (m * n) as u32,
+                c_ms: n as u32,
+                c_ns: 1,
+                ..params
+            };
+            dev.record(
+                kernels[0],
+                &spec,
+                &split_params,
+                &[part.storage(), a.storage(), b.storage()],
+                [groups[0], groups[1], splits as u32],
+            );
+            let sum = matmul::SplitSumParams {
+                m: m as u32,
+                n: n as u32,
+                splits: splits as u32,
+                c_off: params.c_off,
+                c_ms: params.c_ms,
+                c_ns: params.c_ns,
+                _pad: [0; 2],
+            };
+            dev.record(
+                &matmul::MATMUL_SPLIT_SUM,
+                &matmul::split_sum_spec(out.dtype(), acc),
+                &sum,
+                &[out.storage(), part.storage()],
+                dev.grid((m * n).div_ceil(256) as u64),
+            );
+            return Ok(out);
+        }
         match epilogue {
             Epilogue::None => {
                 dev.record(

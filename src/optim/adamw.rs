@@ -76,8 +76,10 @@ pub struct LossScaleState {
 
 /// Lanes of the norm's stage 1 fold this many elements each before another partial pays off.
 const ELEMENTS_PER_LANE: u64 = 8;
-/// Stage-1 workgroups per chunk at most (stage 2 folds all partials in one workgroup).
-const MAX_PARTIALS_PER_CHUNK: u64 = 64;
+/// Stage-1 workgroups per chunk at most (stage 2 folds all partials in one workgroup): enough
+/// to fill a large GPU (64 left a DistilGPT-2 chunk of 82M gradients at 1.3 ms on an H200,
+/// 0.25 TB/s; 2,048 workgroups of 256 lanes fold about 160 elements a lane there).
+const MAX_PARTIALS_PER_CHUNK: u64 = 2048;
 
 pub struct AdamW {
     config: AdamWConfig,

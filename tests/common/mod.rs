@@ -146,6 +146,26 @@ pub fn check(t: &Tensor, want: &Arr, tol: f64, what: &str) {
     assert_close(&got, &want.data, tol, what);
 }
 
+/// `t` against `want` by the relative error of the whole tensor, ||got - want|| / ||want||
+/// (Frobenius norms) under `tol`, every element finite: the metric for products whose rounding
+/// error grows with the inner dim (an f16 product over K = 3000 reaches 1e-2 elementwise on
+/// outputs near 0 while the whole product stays at 3e-4).
+pub fn check_rel_norm(t: &Tensor, want: &Arr, tol: f64, what: &str) {
+    assert_eq!(t.shape(), &want.shape[..], "{what}: shape");
+    let got = t.to_vec().unwrap_or_else(|e| panic!("{what}: to_vec: {e}"));
+    if let Some(i) = got.iter().position(|g| !g.is_finite()) {
+        panic!("{what}: element {i} is {}", got[i]);
+    }
+    let diff: f64 = got
+        .iter()
+        .zip(&want.data)
+        .map(|(&g, w)| (g as f64 - w).powi(2))
+        .sum();
+    let norm: f64 = want.data.iter().map(|w| w * w).sum();
+    let rel = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
+    assert!(rel < tol, "{what}: relative error {rel:.3e} over {tol:.0e}");
+}
+
 // ------------------------------------------------------------------------------------------
 // CPU f64 reference.
 

@@ -1,0 +1,70 @@
+//! Fused causal attention under autocast (the mixed-precision path: on adapters with
+//! cooperative matrices its products run in f16 with f32 accumulation, softmax and statistics
+//! in f32; elsewhere the f32 kernels run) against the unfused f32 reference: O and the
+//! gradients of q, k, v, with q, k, v head-split views of one fused (B, T, 3C) tensor as GPT-2
+//! makes them, odd T, padded head dims, and inputs that cannot take the four-wide reads.
+//!
+//! Tolerance: |got - want| / max(|want|, 1) under 2e-2 (f16 operands: the rounding of q, k, v
+//! and of P and dS to f16 costs about 1e-3 here).
+
+mod common;
+
+use common::*;
+use wgrad::ops::autocast;
+use wgrad::{Result, Tensor};
+
+const HALF_TOL: f64 = 2e-2;
+
+/// O and the gradients of sum(O * w) with respect to the fused (B, T, 3, H, D) input, by
+/// `fused` (under autocast) or by the unfused f32 reference.
+fn run(
+    x: &Tensor,
+    w: &Tensor,
+    [b, h, t, d]: [usize; 4],
+    fused: bool,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let x = x.detach().requires_grad();
+    let split = x.reshape(&[b, t, 3, h, d])?;
+    let part = |i| -> Result<Tensor> {
+        split
+            .narrow(2, i, 1)?
+            .reshape(&[b, t, h, d])?
+            .transpose(1, 2)
+    };
+    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let o = if fused {
+        autocast(true, || q.causal_attention(&k, &v))?
+    } else {
+        q.causal_attention_reference(&k, &v)?
+    };
+    o.mul(w)?.sum_all()?.backward()?;
+    Ok((
+        o.to_vec()?,
+        x.grad().expect("reached by backward").to_vec()?,
+    ))
+}
+
+#[test]
+fn autocast_attention_matches_the_f32_reference() -> Result<()> {
+    let d = dev();
+    for shape in [
+        [1, 1, 1, 64],
+        [2, 3, 37, 64],
+        [1, 2, 130, 64],
+        [2, 2, 65, 32],
+        [1, 1, 100, 128],
+        [1, 2, 33, 40],
+        [1, 2, 29, 6],
+    ] {
+        let [b, h, t, hd] = shape;
+        let mut r = rng(&format!("amp attention {shape:?}"));
+        let x = Arr::rand(&mut r, &[b, t, 3 * h * hd], -1.0, 1.0).upload(d);
+        let w = Arr::rand(&mut r, &[b, h, t, hd], -1.0, 1.0).upload(d);
+        let (o, g) = run(&x, &w, shape, true)?;
+        let (o_ref, g_ref) = run(&x, &w, shape, false)?;
+        let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        assert_close(&o, &f64s(&o_ref), HALF_TOL, &format!("O {shape:?}"));
+        assert_close(&g, &f64s(&g_ref), HALF_TOL, &format!("d(qkv) {shape:?}"));
+    }
+    Ok(())
+}
