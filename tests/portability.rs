@@ -190,8 +190,8 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     }
     assert_eq!(
         count,
-        2 * (5 * 3 * 2 * 16 * 3 + 3 * 7),
-        "variants: 2 fragment sizes x (matmul: 5 type sets x 3 tiles x acc x 4 x 4 operand \
+        2 * (5 * 4 * 2 * 16 * 3 + 3 * 7),
+        "variants: 2 fragment sizes x (matmul: 5 type sets x 4 tiles x acc x 4 x 4 operand \
          accesses x 3 epilogues; attention: 3 head dims x 7 pass and accumulate variants)"
     );
 }

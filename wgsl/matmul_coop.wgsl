@@ -17,16 +17,19 @@
 // SG_N subgroups of SGS lanes, each owning FM x FN accumulators of FS x FS (16 on NVIDIA's
 // Vulkan driver, 8 on Apple): MA, MB, MC alias the f16 A, f16 B and f32 accumulator matrix
 // types. K advances BK at a time: each lane fetches its UA + UB units of the next step into
-// registers while the subgroups multiply the current step out of workgroup memory (one
-// barrier-separated buffer, loads in flight across the multiply). The tiles are stored along
+// registers while the subgroups multiply the current step out of workgroup memory (loads in
+// flight across the multiply), then stores them: into the same tiles after a barrier (STAGES
+// 1), or into a second set of tiles (STAGES 2: one barrier a step). The tiles are stored along
 // the unit dim (A as [m][k] or [k][m], B as [k][n] or [n][k]) in SHT elements of SHW halves
-// each (the tile snippet: 16-byte words where cooperative loads take them, else f16), rows
+// each (the tile snippet: vec4<f16> where cooperative loads take vectors, else f16), rows
 // padded by 8 halves so the rows a fragment load touches fall in different banks; fragments are
 // loaded row-major (coopLoadT) or column-major (coopLoad) to match.
 // The epilogue goes through an FS x FS f32 scratch tile per subgroup: the subgroup stores one
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
 // f16) through its strides with bounds checks.
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
+// Specialization: FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, ACC; types
+// MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C); snippets TILE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
 // backend needs named expressions there).
@@ -78,8 +81,12 @@ const BS: u32 = (B_UNITS + 1u) * 8u;
 const UA: u32 = BM * BK / 8u / WG;
 const UB: u32 = BK * BN / 8u / WG;
 
-var<workgroup> a_sh: array<SHT, select(BK, BM, A_MK) * AS / SHW>;
-var<workgroup> b_sh: array<SHT, select(BN, BK, B_UN) * BS / SHW>;
+// Halves of one stage of each tile; STAGES (1 or 2) stages: with 2 the next step's units are
+// stored into the other stage while this one multiplies, one barrier a step.
+const A_TILE: u32 = select(BK, BM, A_MK) * AS;
+const B_TILE: u32 = select(BN, BK, B_UN) * BS;
+var<workgroup> a_sh: array<SHT, STAGES * A_TILE / SHW>;
+var<workgroup> b_sh: array<SHT, STAGES * B_TILE / SHW>;
 
 // The K range of this workgroup: all of K; or, split (k_split > 0, batch 1: z numbers the
 // ranges, and C holds one partial product per range, c_bs apart),
@@ -206,36 +213,36 @@ fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
 
 // Unit t of a tile goes to halves (t / UNITS) * ROW + (t % UNITS) * 8 (put_a / put_b come
 // with the tile snippet).
-fn store_a(lid: u32, j: u32, u: Unit) {
+fn store_a(lid: u32, j: u32, u: Unit, stage: u32) {
     let t = lid + j * WG;
-    put_a((t / A_UNITS) * AS + (t % A_UNITS) * 8u, u);
+    put_a(stage * A_TILE + (t / A_UNITS) * AS + (t % A_UNITS) * 8u, u);
 }
 
-fn store_b(lid: u32, j: u32, u: Unit) {
+fn store_b(lid: u32, j: u32, u: Unit, stage: u32) {
     let t = lid + j * WG;
-    put_b((t / B_UNITS) * BS + (t % B_UNITS) * 8u, u);
+    put_b(stage * B_TILE + (t / B_UNITS) * BS + (t % B_UNITS) * 8u, u);
 }
 
 // The A fragment of tile rows m0.. and columns k0.. (in halves), and the B fragment of rows
 // k0.., columns n0...
-fn frag_a(m0: u32, k0: u32) -> MA {
+fn frag_a(m0: u32, k0: u32, stage: u32) -> MA {
     if (A_MK) {
-        let i = (m0 * AS + k0) / SHW;
+        let i = (stage * A_TILE + m0 * AS + k0) / SHW;
         let s = AS / SHW;
         return coopLoadT<MA>(&a_sh[i], s);
     }
-    let i = (k0 * AS + m0) / SHW;
+    let i = (stage * A_TILE + k0 * AS + m0) / SHW;
     let s = AS / SHW;
     return coopLoad<MA>(&a_sh[i], s);
 }
 
-fn frag_b(k0: u32, n0: u32) -> MB {
+fn frag_b(k0: u32, n0: u32, stage: u32) -> MB {
     if (B_UN) {
-        let i = (k0 * BS + n0) / SHW;
+        let i = (stage * B_TILE + k0 * BS + n0) / SHW;
         let s = BS / SHW;
         return coopLoadT<MB>(&b_sh[i], s);
     }
-    let i = (n0 * BS + k0) / SHW;
+    let i = (stage * B_TILE + n0 * BS + k0) / SHW;
     let s = BS / SHW;
     return coopLoad<MB>(&b_sh[i], s);
 }

@@ -106,7 +106,7 @@ impl Coop {
 }
 
 /// A workgroup of `sg_m x sg_n` subgroups, each owning `fm x fn_` fragment accumulators; K
-/// staged `bk` at a time.
+/// staged `bk` at a time in `stages` (1 or 2) sets of tiles.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct CoopTile {
     pub sg_m: u32,
@@ -114,6 +114,7 @@ pub struct CoopTile {
     pub fm: u32,
     pub fn_: u32,
     pub bk: u32,
+    pub stages: u32,
 }
 
 impl CoopTile {
@@ -135,7 +136,7 @@ impl CoopTile {
         let (bm, bn, bk) = (self.bm(fs), self.bn(fs), self.bk);
         let a = (bm * (bk + 8)).max(bk * (bm + 8));
         let b = (bk * (bn + 8)).max(bn * (bk + 8));
-        2 * (a + b) + 4 * fs * fs * self.sg_m * self.sg_n
+        2 * self.stages * (a + b) + 4 * fs * fs * self.sg_m * self.sg_n
     }
 
     /// Whether the kernel can run this tile on `coop`: every lane fetches whole units (8
@@ -145,20 +146,26 @@ impl CoopTile {
         let units_b = self.bk * self.bn(coop.fs) / 8;
         let lanes = self.lanes(coop.sgs);
         self.bk.is_multiple_of(coop.fs)
+            && (1..=2).contains(&self.stages)
             && units_a.is_multiple_of(lanes)
             && units_b.is_multiple_of(lanes)
             && self.workgroup_bytes(coop.fs) <= max_workgroup_bytes
     }
 
-    /// As `WGRAD_COOP_TILE` takes it: `SG_MxSG_N/FMxFN/BK`.
+    /// As `WGRAD_COOP_TILE` takes it: `SG_MxSG_N/FMxFN/BK`, then `/2` for two stages.
     pub fn name(&self) -> String {
+        let stages = if self.stages > 1 {
+            format!("/{}", self.stages)
+        } else {
+            String::new()
+        };
         format!(
-            "{}x{}/{}x{}/{}",
+            "{}x{}/{}x{}/{}{stages}",
             self.sg_m, self.sg_n, self.fm, self.fn_, self.bk
         )
     }
 
-    /// Parses `name`'s form (`2x4/4x2/32`; BK defaults to 32).
+    /// Parses `name`'s form (`2x4/4x2/32`, `2x4/4x2/32/2`; BK defaults to 32, stages to 1).
     pub fn parse(s: &str) -> Option<CoopTile> {
         let mut parts = s.split('/');
         let pair = |x: &str| -> Option<(u32, u32)> {
@@ -171,12 +178,17 @@ impl CoopTile {
             Some(k) => k.parse().ok()?,
             None => 32,
         };
+        let stages = match parts.next() {
+            Some(n) => n.parse().ok()?,
+            None => 1,
+        };
         parts.next().is_none().then_some(CoopTile {
             sg_m,
             sg_n,
             fm,
             fn_,
             bk,
+            stages,
         })
     }
 
@@ -192,36 +204,44 @@ impl CoopTile {
     }
 }
 
-const fn tile(sg_m: u32, sg_n: u32, fm: u32, fn_: u32, bk: u32) -> CoopTile {
+const fn tile(sg_m: u32, sg_n: u32, fm: u32, fn_: u32, bk: u32, stages: u32) -> CoopTile {
     CoopTile {
         sg_m,
         sg_n,
         fm,
         fn_,
         bk,
+        stages,
     }
 }
 
 /// The tiles the engine chooses among without a tuned table, largest first.
 pub const COOP_TILES: [CoopTile; 3] = [
-    tile(2, 4, 4, 2, 32),
-    tile(2, 2, 2, 2, 32),
-    tile(1, 1, 2, 2, 32),
+    tile(2, 4, 4, 2, 32, 1),
+    tile(2, 2, 2, 2, 32, 1),
+    tile(1, 1, 2, 2, 32, 1),
 ];
 
 /// The tiles a search measures (`wgrad bench matmul --search`): the defaults, wider and
-/// deeper ones, and other splits of the same outputs over subgroups.
-pub const SEARCH_TILES: [CoopTile; 10] = [
-    tile(2, 4, 4, 2, 32),
-    tile(2, 4, 4, 2, 64),
-    tile(4, 2, 2, 4, 32),
-    tile(2, 2, 4, 4, 32),
-    tile(2, 4, 4, 4, 32),
-    tile(4, 2, 4, 4, 32),
-    tile(2, 2, 4, 2, 32),
-    tile(2, 2, 2, 2, 32),
-    tile(2, 2, 2, 2, 64),
-    tile(1, 1, 2, 2, 32),
+/// deeper ones, other splits of the same outputs over subgroups, and two-stage tiles (those
+/// that fit the adapter's workgroup memory).
+pub const SEARCH_TILES: [CoopTile; 16] = [
+    tile(2, 4, 4, 2, 32, 1),
+    tile(2, 4, 4, 2, 64, 1),
+    tile(4, 2, 2, 4, 32, 1),
+    tile(2, 2, 4, 4, 32, 1),
+    tile(2, 4, 4, 4, 32, 1),
+    tile(4, 2, 4, 4, 32, 1),
+    tile(2, 2, 4, 2, 32, 1),
+    tile(2, 2, 2, 2, 32, 1),
+    tile(2, 2, 2, 2, 64, 1),
+    tile(1, 1, 2, 2, 32, 1),
+    tile(2, 4, 4, 2, 32, 2),
+    tile(4, 2, 2, 4, 32, 2),
+    tile(2, 2, 4, 4, 32, 2),
+    tile(2, 2, 4, 2, 32, 2),
+    tile(2, 2, 2, 2, 32, 2),
+    tile(2, 2, 2, 2, 64, 2),
 ];
 
 /// The largest default tile that still gives the GPU at least 128 workgroups (and fits
@@ -346,6 +366,7 @@ pub fn spec(
         .u32("FM", t.fm)
         .u32("FN", t.fn_)
         .u32("BK", t.bk)
+        .u32("STAGES", t.stages)
         .bool("A_UK", a.along_cols)
         .bool("B_UN", b.along_cols)
         .bool("A_VEC", a.vec)
@@ -399,16 +420,16 @@ fn unrolled_source(t: CoopTile, coop: Coop) -> String {
     for j in 0..ub {
         let _ = writeln!(w, "    ub{j} = fetch_b(wid, lid, k0, {j}u);");
     }
-    let _ = writeln!(w, "}}\n\nfn store_units(lid: u32) {{");
+    let _ = writeln!(w, "}}\n\nfn store_units(lid: u32, stage: u32) {{");
     for j in 0..ua {
-        let _ = writeln!(w, "    store_a(lid, {j}u, ua{j});");
+        let _ = writeln!(w, "    store_a(lid, {j}u, ua{j}, stage);");
     }
     for j in 0..ub {
-        let _ = writeln!(w, "    store_b(lid, {j}u, ub{j});");
+        let _ = writeln!(w, "    store_b(lid, {j}u, ub{j}, stage);");
     }
     let _ = writeln!(
         w,
-        "}}\n\n// One step of K out of the tiles.\nfn multiply(sm: u32, sn: u32) {{"
+        "}}\n\n// One step of K out of the tiles of `stage`.\nfn multiply(sm: u32, sn: u32, stage: u32) {{"
     );
     for kk in 0..kf {
         let k0 = kk * coop.fs;
@@ -416,13 +437,13 @@ fn unrolled_source(t: CoopTile, coop: Coop) -> String {
         for j in 0..fn_ {
             let _ = writeln!(
                 w,
-                "        let b{j} = frag_b({k0}u, (sn * FN + {j}u) * FS);"
+                "        let b{j} = frag_b({k0}u, (sn * FN + {j}u) * FS, stage);"
             );
         }
         for i in 0..fm {
             let _ = writeln!(
                 w,
-                "        let a{i} = frag_a((sm * FM + {i}u) * FS, {k0}u);"
+                "        let a{i} = frag_a((sm * FM + {i}u) * FS, {k0}u, stage);"
             );
             for j in 0..fn_ {
                 let f = i * fn_ + j;
@@ -440,19 +461,43 @@ fn unrolled_source(t: CoopTile, coop: Coop) -> String {
     for f in 0..fm * fn_ {
         let _ = writeln!(w, "    acc{f} = MC();");
     }
-    let _ = writeln!(
-        w,
-        "    fetch_units(wid, lid, k_lo);\n\
-         \x20   for (var k0 = k_lo; k0 < k_hi; k0 += BK) {{\n\
-         \x20       store_units(lid);\n\
-         \x20       workgroupBarrier();\n\
-         \x20       if (k0 + BK < k_hi) {{\n\
-         \x20           fetch_units(wid, lid, k0 + BK);\n\
-         \x20       }}\n\
-         \x20       multiply(sm, sn);\n\
-         \x20       workgroupBarrier();\n\
-         \x20   }}\n}}\n"
-    );
+    if t.stages == 1 {
+        let _ = writeln!(
+            w,
+            "    fetch_units(wid, lid, k_lo);\n\
+             \x20   for (var k0 = k_lo; k0 < k_hi; k0 += BK) {{\n\
+             \x20       store_units(lid, 0u);\n\
+             \x20       workgroupBarrier();\n\
+             \x20       if (k0 + BK < k_hi) {{\n\
+             \x20           fetch_units(wid, lid, k0 + BK);\n\
+             \x20       }}\n\
+             \x20       multiply(sm, sn, 0u);\n\
+             \x20       workgroupBarrier();\n\
+             \x20   }}\n}}\n"
+        );
+    } else {
+        // Stage s multiplies while the next step's units go into stage 1 - s, which the
+        // previous step's multiply finished reading before its barrier.
+        let _ = writeln!(
+            w,
+            "    fetch_units(wid, lid, k_lo);\n\
+             \x20   store_units(lid, 0u);\n\
+             \x20   workgroupBarrier();\n\
+             \x20   var stage = 0u;\n\
+             \x20   for (var k0 = k_lo; k0 < k_hi; k0 += BK) {{\n\
+             \x20       let more = k0 + BK < k_hi;\n\
+             \x20       if (more) {{\n\
+             \x20           fetch_units(wid, lid, k0 + BK);\n\
+             \x20       }}\n\
+             \x20       multiply(sm, sn, stage);\n\
+             \x20       if (more) {{\n\
+             \x20           store_units(lid, 1u - stage);\n\
+             \x20       }}\n\
+             \x20       workgroupBarrier();\n\
+             \x20       stage = 1u - stage;\n\
+             \x20   }}\n}}\n"
+        );
+    }
     let _ = writeln!(
         w,
         "// Accumulator f into the subgroup's scratch tile (row-major FS x FS).\n\
@@ -475,9 +520,9 @@ fn vec4_of(t: DType) -> &'static str {
     }
 }
 
-/// Every variant for an adapter offering `coop` with `max_workgroup_bytes`: each default tile,
-/// accumulate or not, each of the step's storage types, each way of reading A and B, each
-/// epilogue.
+/// Every variant for an adapter offering `coop` with `max_workgroup_bytes`: each default tile
+/// and a two-stage one, accumulate or not, each of the step's storage types, each way of
+/// reading A and B, each epilogue.
 pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let accesses = [false, true].into_iter().flat_map(|along_cols| {
         [false, true]
@@ -489,6 +534,7 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
     for ty in STEP_TYPES {
         for t in COOP_TILES
             .into_iter()
+            .chain([tile(2, 4, 4, 2, 32, 2)])
             .filter(|t| t.valid(coop, max_workgroup_bytes))
         {
             for acc in [false, true] {
