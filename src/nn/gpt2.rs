@@ -116,19 +116,22 @@ impl Gpt2 {
     }
 
     fn p(&self, name: &str) -> Result<&Tensor> {
-        self.params.get(name).ok_or_else(|| {
-            let reason =
-                match self.params.shards(name) {
-                    Some(shards) => format!(
-                    "parameter `{name}` is split into {} row shards (over the adapter's storage \
-                     binding limit of {} bytes); only wte may be split",
+        if let Some(t) = self.params.get(name) {
+            return Ok(t);
+        }
+        let reason = match self.params.shards(name) {
+            Some(shards) => {
+                let gpu = self.params.device().gpu();
+                format!(
+                    "parameter `{name}` is split into {} row shards (over the {}-byte storage \
+                     binding limit); only wte may be split",
                     shards.len(),
-                    self.params.device().gpu().limits.max_storage_buffer_binding_size
-                ),
-                    None => format!("no parameter `{name}`"),
-                };
-            Error::InvalidArgument { op: "gpt2", reason }
-        })
+                    gpu.limits.max_storage_buffer_binding_size
+                )
+            }
+            None => format!("no parameter `{name}`"),
+        };
+        Err(Error::InvalidArgument { op: "gpt2", reason })
     }
 
     /// Logits (B, T, V) for token ids (B, T) (a u32 tensor), f32.

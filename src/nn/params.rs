@@ -108,8 +108,8 @@ impl Parameters {
             bytes: numel as u64 * 4,
             limit,
         };
-        // The stored tensors: each spec whole, or its row shards; (spec, first row) per tensor.
-        let mut stored: Vec<(ParamSpec, usize)> = Vec::new();
+        // The stored tensors: each spec whole, or its row shards.
+        let mut stored: Vec<ParamSpec> = Vec::new();
         let mut logical = Vec::new();
         for spec in specs {
             let numel: usize = spec.shape.iter().product();
@@ -117,7 +117,7 @@ impl Parameters {
             let mut shards = Vec::new();
             if numel <= capacity {
                 shards.push((stored.len(), 0));
-                stored.push((spec.clone(), 0));
+                stored.push(spec.clone());
             } else if spec.shape.len() < 2 {
                 return Err(too_large(described(), numel));
             } else {
@@ -133,14 +133,11 @@ impl Parameters {
                     let mut shape = spec.shape.clone();
                     shape[0] = per.min(rows - first);
                     shards.push((stored.len(), first));
-                    stored.push((
-                        ParamSpec {
-                            name: shard_name(&spec.name, i),
-                            shape,
-                            decay: spec.decay,
-                        },
-                        first,
-                    ));
+                    stored.push(ParamSpec {
+                        name: shard_name(&spec.name, i),
+                        shape,
+                        decay: spec.decay,
+                    });
                 }
             }
             logical.push(Logical {
@@ -150,11 +147,11 @@ impl Parameters {
         }
         // Decayed first, each group in the given order.
         let mut order: Vec<usize> = (0..stored.len()).collect();
-        order.sort_by_key(|&i| !stored[i].0.decay);
+        order.sort_by_key(|&i| !stored[i].decay);
         let mut placed = vec![(0usize, 0usize); stored.len()]; // (chunk, offset)
         let mut sizes: Vec<(usize, usize)> = vec![(0, 0)]; // (numel, n_decay) per chunk
         for &i in &order {
-            let spec = &stored[i].0;
+            let spec = &stored[i];
             let numel: usize = spec.shape.iter().product();
             let (mut used, _) = *sizes.last().expect("one chunk at least");
             if used + numel > capacity {
@@ -181,7 +178,7 @@ impl Parameters {
             });
         }
         let mut params = Vec::new();
-        for ((spec, _), &(c, off)) in stored.iter().zip(&placed) {
+        for (spec, &(c, off)) in stored.iter().zip(&placed) {
             let numel: usize = spec.shape.iter().product();
             let chunk = &chunks[c];
             let tensor = chunk

@@ -54,23 +54,23 @@ fn put_rows(
     } else {
         Some(Tensor::from_u32(g.device(), &csr.data, &[csr.data.len()])?)
     };
-    let scatter = |dx: &Tensor| match &csr_tensor {
+    let add_rows = |dx: &Tensor| match &csr_tensor {
         Some(t) => scatter_rows(g, csr, t, dx, true),
         None => Ok(()),
     };
     ctx.put_with(i, |out| match out {
         Out::New => {
             let t = Tensor::zeros(g.device(), shape)?;
-            scatter(&t)?;
+            add_rows(&t)?;
             Ok(t)
         }
         Out::Write(t) => {
             t.fill_(0.0)?;
-            scatter(t)?;
+            add_rows(t)?;
             Ok(t.clone())
         }
         Out::Acc(t) => {
-            scatter(t)?;
+            add_rows(t)?;
             Ok(t.clone())
         }
     })
