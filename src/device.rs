@@ -5,6 +5,9 @@
 //! `WGRAD_ADAPTER` picks the first adapter whose name contains the given text (case-insensitive).
 //! `WGRAD_DISABLE_FEATURES` (comma list: subgroups, f16, timestamps, immediates,
 //! cooperative_matrix) turns optional features off, so fallbacks can be tested on any adapter.
+//! `WGRAD_MAX_BINDING` (bytes) lowers the storage-binding limit wgrad uses and requests, so the
+//! paths for adapters with a small limit (lavapipe's 128 MiB: the embedding split into row
+//! shards) run on any adapter.
 //! The device is created with every useful feature the adapter has and the adapter's own limits.
 
 use serde::Serialize;
@@ -29,6 +32,10 @@ pub struct DeviceOptions {
     pub adapter_name: Option<String>,
     /// Features to leave off even when the adapter has them (added to `WGRAD_DISABLE_FEATURES`).
     pub disable: wgpu::Features,
+    /// A max storage-binding size in bytes below the adapter's (`None`: `WGRAD_MAX_BINDING`,
+    /// else the adapter's own): tensors and parameter chunks are held to it as on an adapter
+    /// whose limit it is.
+    pub max_storage_binding: Option<u64>,
 }
 
 /// The wgpu device and what it can do.
@@ -74,7 +81,11 @@ impl Gpu {
 
         let info = adapter.get_info();
         let features = adapter.features() & USEFUL_FEATURES & !disable;
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        if let Some(cap) = binding_cap(options)? {
+            limits.max_storage_buffer_binding_size =
+                limits.max_storage_buffer_binding_size.min(cap);
+        }
         let cooperative_matrix =
             if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
                 adapter.cooperative_matrix_properties()
@@ -169,6 +180,32 @@ fn adapter_rank(t: wgpu::DeviceType) -> u8 {
         wgpu::DeviceType::Other => 3,
         wgpu::DeviceType::Cpu => 4,
     }
+}
+
+/// The binding cap of `options`, else of `WGRAD_MAX_BINDING` (bytes; a multiple of 4, so
+/// whole f32 elements fit).
+fn binding_cap(options: &DeviceOptions) -> Result<Option<u64>> {
+    let cap = match (
+        options.max_storage_binding,
+        std::env::var("WGRAD_MAX_BINDING"),
+    ) {
+        (Some(cap), _) => cap,
+        (None, Ok(text)) => text.trim().parse().map_err(|e| Error::InvalidArgument {
+            op: "WGRAD_MAX_BINDING",
+            reason: format!("`{text}` is not a byte count: {e}"),
+        })?,
+        (None, Err(_)) => return Ok(None),
+    };
+    // 1 KiB: a floor that keeps every small tensor of the tests and kernels bindable.
+    if cap < 1024 || !cap.is_multiple_of(4) {
+        return Err(Error::InvalidArgument {
+            op: "WGRAD_MAX_BINDING",
+            reason: format!(
+                "a binding cap of {cap} bytes: it must be at least 1024 and a multiple of 4"
+            ),
+        });
+    }
+    Ok(Some(cap))
 }
 
 fn disabled_from_env() -> wgpu::Features {

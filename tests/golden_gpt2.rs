@@ -2,6 +2,8 @@
 //! (tests/fixtures/gpt2-small, made by tests/fixtures/make_gpt2_fixtures.py on an H200 with
 //! torch 2.11 and transformers 5.17, reference computed in float64): logits, loss, every
 //! parameter's gradient by its Hugging Face name, and every parameter after 3 AdamW steps.
+//! Each check runs twice: on the default device, and with a binding cap (96 KiB) under the
+//! 128 KiB embedding, which the model then holds as 2 row shards.
 
 mod common;
 
@@ -12,7 +14,7 @@ use safetensors::SafeTensors;
 use wgrad::model::load_pretrained;
 use wgrad::nn::Gpt2;
 use wgrad::optim::{AdamW, AdamWConfig};
-use wgrad::{Result, Tensor};
+use wgrad::{Device, DeviceOptions, Result, Tensor};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt2-small");
 
@@ -49,9 +51,20 @@ impl Expected {
     }
 }
 
-fn model() -> Result<Gpt2> {
-    let dev = private_dev();
+/// The fixture's model on the default device (`split` false: wte whole), or on one whose
+/// bindings hold 96 KiB: wte (512 x 64 f32, 128 KiB) in 2 row shards, every other tensor whole.
+fn model(split: bool) -> Result<Gpt2> {
+    let dev = if split {
+        Device::with_options(&DeviceOptions {
+            max_storage_binding: Some(96 << 10),
+            ..Default::default()
+        })?
+    } else {
+        private_dev()
+    };
     let (cfg, params) = load_pretrained(&dev, Path::new(DIR))?;
+    let shards = params.shards("wte.weight").map(|s| s.len());
+    assert_eq!(shards, Some(if split { 2 } else { 1 }), "wte's shards");
     Ok(Gpt2::from_params(cfg.gpt2, params))
 }
 
@@ -73,8 +86,17 @@ fn shifted(model: &Gpt2, ids: &[u32]) -> Result<(Tensor, Tensor)> {
 
 #[test]
 fn logits_and_loss_match_transformers() -> Result<()> {
+    logits_and_loss(false)
+}
+
+#[test]
+fn logits_and_loss_match_transformers_with_a_split_embedding() -> Result<()> {
+    logits_and_loss(true)
+}
+
+fn logits_and_loss(split: bool) -> Result<()> {
     let exp = Expected::load();
-    let model = model()?;
+    let model = model(split)?;
     let ids = exp.ids();
     let x = Tensor::from_u32(model.params.device(), &ids, &[2, ids.len() / 2])?;
     let logits = model.forward(&x)?.to_vec()?;
@@ -92,15 +114,25 @@ fn logits_and_loss_match_transformers() -> Result<()> {
 
 #[test]
 fn every_gradient_matches_transformers() -> Result<()> {
+    every_gradient(false)
+}
+
+#[test]
+fn every_gradient_matches_transformers_with_a_split_embedding() -> Result<()> {
+    every_gradient(true)
+}
+
+fn every_gradient(split: bool) -> Result<()> {
     let exp = Expected::load();
-    let model = model()?;
+    let model = model(split)?;
     let (x, y) = shifted(&model, &exp.ids())?;
     model.loss(&x, &y)?.backward()?;
-    for (name, p) in model.params.iter() {
-        let got = p
-            .grad()
-            .unwrap_or_else(|| panic!("{name} has no gradient"))
-            .to_vec()?;
+    for spec in model.params.specs() {
+        let name = &spec.name;
+        let got = model
+            .params
+            .read_grad(name)?
+            .unwrap_or_else(|| panic!("{name} has no gradient"));
         assert_close(
             &got,
             &exp.f32s(&format!("grad.{name}")),
@@ -113,8 +145,17 @@ fn every_gradient_matches_transformers() -> Result<()> {
 
 #[test]
 fn parameters_after_three_adamw_steps_match_torch() -> Result<()> {
+    three_adamw_steps(false)
+}
+
+#[test]
+fn parameters_after_three_adamw_steps_match_torch_with_a_split_embedding() -> Result<()> {
+    three_adamw_steps(true)
+}
+
+fn three_adamw_steps(split: bool) -> Result<()> {
     let exp = Expected::load();
-    let model = model()?;
+    let model = model(split)?;
     let (x, y) = shifted(&model, &exp.ids())?;
     let config = AdamWConfig {
         betas: (0.9, 0.999),
@@ -137,8 +178,9 @@ fn parameters_after_three_adamw_steps_match_torch() -> Result<()> {
         1e-4,
         "losses before each step and after the last",
     );
-    for (name, p) in model.params.iter() {
-        let got = p.to_vec()?;
+    for spec in model.params.specs() {
+        let name = &spec.name;
+        let got = model.params.read(name)?;
         let want = exp.f32s(&format!("adamw3.{name}"));
         // Elements whose reference gradient is analytically zero (the key bias: adding a
         // constant to every key shifts each score row uniformly, which softmax ignores; the

@@ -2,7 +2,10 @@
 //
 // For each element i of the contiguous output (shape `shape`, rank dims), its coordinate along
 // `dim` picks idx[idx_offset + coord * idx_stride]; every coordinate then meets the input
-// `strides`. An index at or past `src_len` (x's size along dim) reads 0.
+// `strides`. x holds the rows row_lo .. row_lo + src_len of the table the indices address (a
+// row shard of it; row_lo is 0 for a whole table): an index outside them reads 0.
+// Specialization: KEEP_OTHERS (an index outside x's rows leaves the output element as it is,
+// for the other shards' dispatches to write).
 // Workgroup mapping: 256 threads, one output element each; linear workgroup = wid.y*nwg.x+wid.x.
 
 struct Params {
@@ -13,7 +16,7 @@ struct Params {
     in_offset: u32,
     idx_offset: u32,
     idx_stride: u32,
-    _pad: u32,
+    row_lo: u32,
     shape: array<vec4<u32>, 2>,   // (rank) output shape
     strides: array<vec4<u32>, 2>, // (rank) input strides
 }
@@ -40,11 +43,13 @@ fn index_select(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         var coord = rem % n;
         rem = rem / n;
         if (u32(d) == p.dim) {
-            coord = idx[p.idx_offset + coord * p.idx_stride];
-            valid = valid && coord < p.src_len;
+            let row = idx[p.idx_offset + coord * p.idx_stride];
+            valid = row >= p.row_lo && row - p.row_lo < p.src_len;
+            coord = select(0u, row - p.row_lo, valid);
         }
         off += coord * p.strides[q][r];
     }
+    if (KEEP_OTHERS && !valid) { return; }
     out[i] = select(0.0, x[off], valid);
 }
 

@@ -21,7 +21,8 @@ pub struct GatherParams {
     pub in_offset: u32,
     pub idx_offset: u32,
     pub idx_stride: u32,
-    pub _pad: u32,
+    /// The table row that x's first row is (x is a row shard of it; 0 for a whole table).
+    pub row_lo: u32,
     pub shape: [u32; 8],
     pub strides: [u32; 8],
 }
@@ -35,6 +36,11 @@ pub static INDEX_SELECT: KernelDesc = KernelDesc {
 
 pub const WORKGROUP: u64 = 256;
 
+/// `keep_others`: indices outside the shard's rows leave their output elements unwritten.
+pub fn spec(keep_others: bool) -> Spec {
+    Spec::new().bool("KEEP_OTHERS", keep_others)
+}
+
 pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
-    vec![(&INDEX_SELECT, Spec::new())]
+    vec![(&INDEX_SELECT, spec(false)), (&INDEX_SELECT, spec(true))]
 }

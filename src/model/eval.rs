@@ -15,8 +15,9 @@ use crate::model::data::TokenDataset;
 use crate::model::tokenizer::Tokenizer;
 use crate::nn::Gpt2;
 
-/// Bytes of logits one evaluation batch may hold: (B, T-1, V) f32 stays under lavapipe's
-/// 128 MiB storage binding, and a real GPU is busy at this size already.
+/// Bytes of logits one evaluation batch may hold (and never more than one storage binding):
+/// (B, T-1, V) f32 stays under lavapipe's 128 MiB binding, and a real GPU is busy at this size
+/// already.
 const EVAL_LOGITS_BYTES: usize = 64 << 20;
 /// Chunks per batch at most.
 const MAX_EVAL_BATCH: usize = 64;
@@ -33,9 +34,11 @@ pub struct EvalReport {
     pub sequences: usize,
 }
 
-/// Chunks per batch for chunks of `seq` tokens over a vocabulary of `vocab`.
-pub fn eval_batch_size(seq: usize, vocab: usize) -> usize {
-    (EVAL_LOGITS_BYTES / (seq.saturating_sub(1).max(1) * vocab * 4)).clamp(1, MAX_EVAL_BATCH)
+/// Chunks per batch for chunks of `seq` tokens over a vocabulary of `vocab`, on an adapter
+/// whose storage bindings hold `max_binding` bytes.
+pub fn eval_batch_size(seq: usize, vocab: usize, max_binding: u64) -> usize {
+    let bytes = EVAL_LOGITS_BYTES.min(usize::try_from(max_binding).unwrap_or(usize::MAX));
+    (bytes / (seq.saturating_sub(1).max(1) * vocab * 4)).clamp(1, MAX_EVAL_BATCH)
 }
 
 /// The loss and perplexity of `model` on `tokens` cut into chunks of `seq` tokens (2 <= seq
@@ -76,7 +79,13 @@ pub fn evaluate_text(
             reason: format!("the text holds {n} tokens, fewer than one sequence of {seq}"),
         });
     }
-    let batch = eval_batch_size(seq, model.config.vocab_size);
+    let limit = model
+        .params
+        .device()
+        .gpu()
+        .limits
+        .max_storage_buffer_binding_size;
+    let batch = eval_batch_size(seq, model.config.vocab_size, limit);
     evaluate(model, data.tokens(), seq, batch)
 }
 

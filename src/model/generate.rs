@@ -106,7 +106,7 @@ impl<'a> Generator<'a> {
         let dev = self.model.params.device();
         let c = cfg.n_embd;
         let ids = Tensor::from_u32(dev, ids, &[b * t])?;
-        let tok = self.p("wte.weight")?.index_select(0, &ids)?; // (B*t, C)
+        let tok = self.model.embed_tokens(&ids)?; // (B*t, C)
         let pos = self.p("wpe.weight")?.narrow(0, start, t)?; // (t, C)
         let mut x = tok.reshape(&[b, t, c])?.add(&pos)?; // (B, t, C)
         for i in 0..cfg.n_layer {
@@ -118,7 +118,7 @@ impl<'a> Generator<'a> {
             self.p("ln_f.bias")?,
             cfg.layer_norm_epsilon,
         )?;
-        let logits = last.linear(&self.p("wte.weight")?.t()?, None, Activation::None)?;
+        let logits = self.model.lm_head(&last)?; // (B, 1, V)
         self.cache.len = start + t;
         logits.reshape(&[b, cfg.vocab_size])
     }

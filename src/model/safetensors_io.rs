@@ -7,7 +7,9 @@
 //! (wgrad ties the two; a head that differs is an error, not silently dropped), and the
 //! causal-mask buffers `h.{i}.attn.bias` / `h.{i}.attn.masked_bias` older files carry. f32,
 //! f16, bf16 and f64 tensors load (converted to f32); saved files are f32 without prefix,
-//! loadable by `GPT2LMHeadModel.from_pretrained(dir)`.
+//! loadable by `GPT2LMHeadModel.from_pretrained(dir)`. A parameter `Parameters` stores as row
+//! shards (wte over the storage-binding limit) is one tensor in the file, split on load and
+//! concatenated on save.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -122,8 +124,8 @@ pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
             problems,
         }
     })?;
-    for (name, tensor) in params.iter() {
-        tensor.copy_from_slice(&to_f32(&found[name]))?;
+    for spec in params.specs() {
+        params.write(&spec.name, &to_f32(&found[&spec.name]))?;
     }
     Ok(())
 }
@@ -135,7 +137,10 @@ fn match_tensors<'a>(
     st: &SafeTensors<'a>,
     params: &Parameters,
 ) -> std::result::Result<HashMap<String, TensorView<'a>>, Vec<String>> {
-    let expected: HashMap<&str, &[usize]> = params.iter().map(|(n, t)| (n, t.shape())).collect();
+    let expected: HashMap<&str, &[usize]> = params
+        .specs()
+        .map(|s| (s.name.as_str(), s.shape.as_slice()))
+        .collect();
     let mut problems = Vec::new();
     let mut reported = HashSet::new(); // HF names already in a problem: not "missing" too
     let mut found: HashMap<String, (String, TensorView<'a>)> = HashMap::new();
@@ -193,9 +198,10 @@ fn match_tensors<'a>(
             ));
         }
     }
-    for (name, tensor) in params.iter() {
+    for spec in params.specs() {
+        let name = spec.name.as_str();
         if !found.contains_key(name) && !reported.contains(name) {
-            problems.push(format!("missing tensor `{name}` {:?}", tensor.shape()));
+            problems.push(format!("missing tensor `{name}` {:?}", spec.shape));
         }
     }
     if problems.is_empty() {
@@ -238,21 +244,21 @@ pub fn save_pretrained(
 ) -> Result<()> {
     let specs = config.gpt2.param_specs();
     for spec in &specs {
-        match params.get(&spec.name) {
-            Some(t) if t.shape() == spec.shape.as_slice() => {}
+        match params.specs().find(|s| s.name == spec.name) {
+            Some(s) if s.shape == spec.shape => {}
             got => {
                 return Err(Error::ShapeMismatch {
                     op: "save_pretrained",
                     expected: format!("parameter `{}` of shape {:?}", spec.name, spec.shape),
-                    got: got.map(|t| t.shape().to_vec()).unwrap_or_default(),
+                    got: got.map(|s| s.shape.clone()).unwrap_or_default(),
                 })
             }
         }
     }
     let mut tensors = Vec::with_capacity(specs.len());
     for spec in &specs {
-        let t = params.get(&spec.name).expect("checked above");
-        let bytes = bytemuck::cast_slice(&t.to_vec()?).to_vec();
+        // Whole: a parameter stored as row shards is saved as one tensor.
+        let bytes = bytemuck::cast_slice(&params.read(&spec.name)?).to_vec();
         tensors.push((
             spec.name.clone(),
             HostTensor {

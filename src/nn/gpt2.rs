@@ -2,6 +2,11 @@
 //! GELU MLP, each with a residual), a final LayerNorm and an LM head tied to the token
 //! embedding. Parameter names and layouts are Hugging Face's (`h.{i}.attn.c_attn.weight` is
 //! (C, 3C): Conv1D stores [in, out], which is what `linear` takes).
+//!
+//! The token embedding (V, C) may be stored as row shards (`Parameters` splits a parameter over
+//! the storage-binding limit: 50257 x 768 f32 is 154 MB, lavapipe binds 128 MiB): the lookup
+//! gathers from every shard (`index_select_shards`) and the tied head multiplies by each
+//! shard into its columns of the logits (`matmul_t_shards`). One shard runs today's kernels.
 
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Tensor};
@@ -36,19 +41,28 @@ impl Gpt2 {
         let params = Parameters::new(device, &config.param_specs())?;
         let std = config.initializer_range;
         let proj_std = std / (2.0 * config.n_layer as f32).sqrt();
-        for (k, (name, t)) in params.iter().enumerate() {
+        for (k, spec) in params.specs().enumerate() {
             let seed = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
-            if name.ends_with("ln_1.weight")
-                || name.ends_with("ln_2.weight")
-                || name == "ln_f.weight"
-            {
-                t.fill_(1.0)?;
-            } else if name.ends_with(".bias") {
-                t.fill_(0.0)?;
-            } else if name.ends_with("c_proj.weight") {
-                t.fill_normal_(0.0, proj_std, seed)?;
-            } else {
-                t.fill_normal_(0.0, std, seed)?;
+            let name = spec.name.as_str();
+            let cols: usize = spec.shape[1..].iter().product();
+            // A split parameter's shards draw their part of the whole one's sequence.
+            for shard in params.shards(name).into_iter().flatten() {
+                let t = shard.tensor;
+                if name.ends_with("ln_1.weight")
+                    || name.ends_with("ln_2.weight")
+                    || name == "ln_f.weight"
+                {
+                    t.fill_(1.0)?;
+                } else if name.ends_with(".bias") {
+                    t.fill_(0.0)?;
+                } else {
+                    let std = if name.ends_with("c_proj.weight") {
+                        proj_std
+                    } else {
+                        std
+                    };
+                    t.fill_normal_at_(0.0, std, seed, shard.first_row * cols)?;
+                }
             }
         }
         Ok(Gpt2 {
@@ -102,10 +116,22 @@ impl Gpt2 {
     }
 
     fn p(&self, name: &str) -> Result<&Tensor> {
-        self.params.get(name).ok_or_else(|| Error::InvalidArgument {
-            op: "gpt2",
-            reason: format!("no parameter `{name}`"),
-        })
+        if let Some(t) = self.params.get(name) {
+            return Ok(t);
+        }
+        let reason = match self.params.shards(name) {
+            Some(shards) => {
+                let gpu = self.params.device().gpu();
+                format!(
+                    "parameter `{name}` is split into {} row shards (over the {}-byte storage \
+                     binding limit); only wte may be split",
+                    shards.len(),
+                    gpu.limits.max_storage_buffer_binding_size
+                )
+            }
+            None => format!("no parameter `{name}`"),
+        };
+        Err(Error::InvalidArgument { op: "gpt2", reason })
     }
 
     /// Logits (B, T, V) for token ids (B, T) (a u32 tensor), f32.
@@ -134,7 +160,7 @@ impl Gpt2 {
         }
         let c = cfg.n_embd;
         let flat = ids.reshape(&[b * t])?;
-        let tok = self.p("wte.weight")?.index_select(0, &flat)?; // (B*T, C)
+        let tok = self.embed_tokens(&flat)?; // (B*T, C)
         let pos = self.p("wpe.weight")?.narrow(0, 0, t)?; // (T, C)
         let mut x = tok.reshape(&[b, t, c])?.add(&pos)?; // (B, T, C)
         for i in 0..cfg.n_layer {
@@ -146,8 +172,45 @@ impl Gpt2 {
             self.p("ln_f.bias")?,
             cfg.layer_norm_epsilon,
         )?;
-        // LM head tied to wte: (B, T, C) @ (C, V).
-        self.linear(&x, &self.w("wte.weight")?.t()?, None, Activation::None)
+        self.lm_head(&x)
+    }
+
+    /// The token embeddings (N, C) of ids (N) (a u32 tensor made from host data, for backward).
+    pub fn embed_tokens(&self, ids: &Tensor) -> Result<Tensor> {
+        let shards = self.wte_shards()?;
+        match shards.as_slice() {
+            [wte] => wte.tensor.index_select(0, ids),
+            _ => {
+                let tables: Vec<&Tensor> = shards.iter().map(|s| s.tensor).collect();
+                Tensor::index_select_shards(&tables, ids)
+            }
+        }
+    }
+
+    /// The LM head tied to wte: logits (..., V) of x (..., C), f32.
+    pub fn lm_head(&self, x: &Tensor) -> Result<Tensor> {
+        let shards = self.wte_shards()?;
+        match shards.as_slice() {
+            // (..., C) @ (C, V).
+            [wte] => self.linear(x, &self.w(wte.name)?.t()?, None, Activation::None),
+            _ => {
+                let weights = shards
+                    .iter()
+                    .map(|s| self.w(s.name))
+                    .collect::<Result<Vec<_>>>()?;
+                x.matmul_t_shards(&weights)
+            }
+        }
+    }
+
+    /// wte's row shards (one when it fits one storage binding).
+    fn wte_shards(&self) -> Result<Vec<crate::nn::RowShard<'_>>> {
+        self.params
+            .shards("wte.weight")
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "gpt2",
+                reason: "no parameter `wte.weight`".into(),
+            })
     }
 
     /// One pre-LayerNorm block on x (B, T, C).

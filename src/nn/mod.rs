@@ -7,4 +7,4 @@ mod params;
 
 pub use config::Gpt2Config;
 pub use gpt2::{Gpt2, Kernels};
-pub use params::{ParamSpec, Parameters};
+pub use params::{shard_name, ParamSpec, Parameters, RowShard};

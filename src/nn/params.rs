@@ -4,6 +4,12 @@
 //! offsets are multiples of 4 elements (the vec4 kernel paths stay available). A chunk holds at
 //! most the adapter's max storage binding.
 //!
+//! A parameter of rank 2 or more that is over the binding limit itself (GPT-2's 50257 x 768
+//! token embedding, 154 MB, on an adapter with 128 MiB bindings) is split by rows into as few
+//! shards as fit, each a parameter of its own named `{name}.shard{i}`, in chunks as the others
+//! are; `shards(name)` lists them with their first rows, and `read`, `read_grad`, `write` see
+//! the parameter whole. Under the limit a parameter is one tensor under its own name.
+//!
 //! For mixed precision (`enable_half`), each chunk's decayed prefix (the matmul weights and the
 //! embeddings) also gets an f16 copy that the optimizer kernel rewrites with every update, so
 //! the matmuls read f16 weights with no cast kernel in the step. A parameter's f16 copy is a
@@ -34,6 +40,7 @@ pub(crate) struct Chunk {
     pub half: Option<Tensor>,
 }
 
+/// One stored tensor: a whole parameter, or one row shard of it.
 struct Param {
     name: String,
     tensor: Tensor,
@@ -43,37 +50,109 @@ struct Param {
     half: Option<Tensor>,
 }
 
+/// A parameter as its spec declares it, stored as one tensor or as row shards.
+struct Logical {
+    spec: ParamSpec,
+    /// (index into `Parameters::params`, first row) of each shard, in row order.
+    shards: Vec<(usize, usize)>,
+}
+
+/// One row shard of a parameter (the whole parameter when it is not split).
+#[derive(Clone, Copy)]
+pub struct RowShard<'a> {
+    /// The stored tensor's name: the parameter's own, or `{name}.shard{i}`.
+    pub name: &'a str,
+    /// The parameter's row that is the shard's row 0.
+    pub first_row: usize,
+    pub tensor: &'a Tensor,
+}
+
 pub struct Parameters {
     device: Device,
     pub(crate) chunks: Vec<Chunk>,
     params: Vec<Param>,
+    logical: Vec<Logical>,
+}
+
+/// The name of shard `i` of parameter `name`.
+pub fn shard_name(name: &str, i: usize) -> String {
+    format!("{name}.shard{i}")
+}
+
+/// Rows per shard of a (rows, cols) parameter whose shards hold at most `capacity` elements
+/// each: `rows` when it fits whole; else as few equal shards as fit (the last one shorter);
+/// None when one row is over `capacity`.
+fn rows_per_shard(rows: usize, cols: usize, capacity: usize) -> Option<usize> {
+    if cols > capacity {
+        return None;
+    }
+    let numel = rows * cols;
+    let mut n = numel.div_ceil(capacity).max(1);
+    while rows.div_ceil(n) * cols > capacity {
+        n += 1;
+    }
+    Some(rows.div_ceil(n).max(1))
 }
 
 /// Parameter offsets are multiples of this many elements (16 bytes: vec4 loads).
 const ALIGN: usize = 4;
 
 impl Parameters {
-    /// Allocates every parameter (zero-filled), requiring gradients.
+    /// Allocates every parameter (zero-filled), requiring gradients; a parameter of rank 2 or
+    /// more over the binding limit is split by rows (see the module doc).
     pub fn new(device: &Device, specs: &[ParamSpec]) -> Result<Parameters> {
-        let limit = device.gpu().limits.max_storage_buffer_binding_size as usize / 4;
-        let capacity = limit - limit % ALIGN;
+        let limit = device.gpu().limits.max_storage_buffer_binding_size;
+        let capacity = limit as usize / 4 - (limit as usize / 4) % ALIGN;
+        let too_large = |what: String, numel: usize| Error::BindingTooLarge {
+            what,
+            bytes: numel as u64 * 4,
+            limit,
+        };
+        // The stored tensors: each spec whole, or its row shards.
+        let mut stored: Vec<ParamSpec> = Vec::new();
+        let mut logical = Vec::new();
+        for spec in specs {
+            let numel: usize = spec.shape.iter().product();
+            let described = || format!("parameter `{}` of shape {:?}", spec.name, spec.shape);
+            let mut shards = Vec::new();
+            if numel <= capacity {
+                shards.push((stored.len(), 0));
+                stored.push(spec.clone());
+            } else if spec.shape.len() < 2 {
+                return Err(too_large(described(), numel));
+            } else {
+                let rows = spec.shape[0];
+                let cols = numel / rows;
+                let Some(per) = rows_per_shard(rows, cols, capacity) else {
+                    return Err(too_large(
+                        format!("one row of {} (split by rows to fit)", described()),
+                        cols,
+                    ));
+                };
+                for (i, first) in (0..rows).step_by(per).enumerate() {
+                    let mut shape = spec.shape.clone();
+                    shape[0] = per.min(rows - first);
+                    shards.push((stored.len(), first));
+                    stored.push(ParamSpec {
+                        name: shard_name(&spec.name, i),
+                        shape,
+                        decay: spec.decay,
+                    });
+                }
+            }
+            logical.push(Logical {
+                spec: spec.clone(),
+                shards,
+            });
+        }
         // Decayed first, each group in the given order.
-        let mut order: Vec<usize> = (0..specs.len()).collect();
-        order.sort_by_key(|&i| !specs[i].decay);
-        let mut placed = vec![(0usize, 0usize); specs.len()]; // (chunk, offset)
+        let mut order: Vec<usize> = (0..stored.len()).collect();
+        order.sort_by_key(|&i| !stored[i].decay);
+        let mut placed = vec![(0usize, 0usize); stored.len()]; // (chunk, offset)
         let mut sizes: Vec<(usize, usize)> = vec![(0, 0)]; // (numel, n_decay) per chunk
         for &i in &order {
-            let numel: usize = specs[i].shape.iter().product();
-            if numel > capacity {
-                return Err(Error::BindingTooLarge {
-                    what: format!(
-                        "parameter `{}` of shape {:?}",
-                        specs[i].name, specs[i].shape
-                    ),
-                    bytes: numel as u64 * 4,
-                    limit: device.gpu().limits.max_storage_buffer_binding_size,
-                });
-            }
+            let spec = &stored[i];
+            let numel: usize = spec.shape.iter().product();
             let (mut used, _) = *sizes.last().expect("one chunk at least");
             if used + numel > capacity {
                 sizes.push((0, 0));
@@ -83,7 +162,7 @@ impl Parameters {
             placed[i] = (chunk, used);
             let end = (used + numel).next_multiple_of(ALIGN);
             sizes[chunk].0 = end;
-            if specs[i].decay {
+            if spec.decay {
                 sizes[chunk].1 = end;
             }
         }
@@ -99,7 +178,7 @@ impl Parameters {
             });
         }
         let mut params = Vec::new();
-        for (spec, &(c, off)) in specs.iter().zip(&placed) {
+        for (spec, &(c, off)) in stored.iter().zip(&placed) {
             let numel: usize = spec.shape.iter().product();
             let chunk = &chunks[c];
             let tensor = chunk
@@ -120,6 +199,7 @@ impl Parameters {
             device: device.clone(),
             chunks,
             params,
+            logical,
         })
     }
 
@@ -127,7 +207,8 @@ impl Parameters {
         &self.device
     }
 
-    /// The parameter named `name`.
+    /// The stored tensor named `name`: a parameter under the limit, or one row shard
+    /// (`{name}.shard{i}`) of a split one.
     pub fn get(&self, name: &str) -> Option<&Tensor> {
         self.params
             .iter()
@@ -135,9 +216,88 @@ impl Parameters {
             .map(|p| &p.tensor)
     }
 
-    /// (name, tensor) in the order the specs were given.
+    /// (name, tensor) of every stored tensor in the order the specs were given, a split
+    /// parameter as its shards.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &Tensor)> {
         self.params.iter().map(|p| (p.name.as_str(), &p.tensor))
+    }
+
+    /// The parameters as their specs declared them (whole shapes), in order.
+    pub fn specs(&self) -> impl Iterator<Item = &ParamSpec> {
+        self.logical.iter().map(|l| &l.spec)
+    }
+
+    /// The row shards of parameter `name` in row order (one, itself, when it is not split).
+    pub fn shards(&self, name: &str) -> Option<Vec<RowShard<'_>>> {
+        let l = self.logical.iter().find(|l| l.spec.name == name)?;
+        Some(
+            l.shards
+                .iter()
+                .map(|&(i, first_row)| RowShard {
+                    name: &self.params[i].name,
+                    first_row,
+                    tensor: &self.params[i].tensor,
+                })
+                .collect(),
+        )
+    }
+
+    fn logical(&self, op: &'static str, name: &str) -> Result<Vec<RowShard<'_>>> {
+        self.shards(name).ok_or_else(|| Error::InvalidArgument {
+            op,
+            reason: format!("no parameter `{name}`"),
+        })
+    }
+
+    /// The values of parameter `name`, whole (its shards' concatenated), read back.
+    pub fn read(&self, name: &str) -> Result<Vec<f32>> {
+        let mut v = Vec::new();
+        for s in self.logical("Parameters::read", name)? {
+            v.extend(s.tensor.to_vec()?);
+        }
+        Ok(v)
+    }
+
+    /// The gradient of parameter `name`, whole, read back; None when backward wrote none
+    /// since `zero_grad` (a split parameter: into none of its shards; a shard left out reads 0).
+    pub fn read_grad(&self, name: &str) -> Result<Option<Vec<f32>>> {
+        let shards = self.logical("Parameters::read_grad", name)?;
+        if shards.iter().all(|s| s.tensor.grad().is_none()) {
+            return Ok(None);
+        }
+        let mut v = Vec::new();
+        for s in shards {
+            match s.tensor.grad() {
+                Some(g) => v.extend(g.to_vec()?),
+                None => v.extend(std::iter::repeat_n(0.0, s.tensor.numel())),
+            }
+        }
+        Ok(Some(v))
+    }
+
+    /// Uploads `data` (the whole parameter, row-major) into parameter `name`'s shards.
+    pub fn write(&self, name: &str, data: &[f32]) -> Result<()> {
+        let shards = self.logical("Parameters::write", name)?;
+        let numel: usize = shards.iter().map(|s| s.tensor.numel()).sum();
+        if data.len() != numel {
+            let shape = self
+                .specs()
+                .find(|s| s.name == name)
+                .map(|s| s.shape.clone());
+            return Err(Error::ElementCount {
+                op: "Parameters::write",
+                shape: shape.unwrap_or_default(),
+                expected: numel,
+                got: data.len(),
+            });
+        }
+        let mut start = 0;
+        for s in shards {
+            let n = s.tensor.numel();
+            s.tensor.copy_from_slice(&data[start..start + n])?;
+            start += n;
+        }
+        Ok(())
     }
 
     /// Gives every decayed parameter an f16 copy (see the module doc), filled from the f32
@@ -220,5 +380,31 @@ impl Parameters {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rows_per_shard;
+
+    #[test]
+    fn rows_per_shard_takes_as_few_shards_as_fit() {
+        // DistilGPT-2's wte under lavapipe's 128 MiB (2^25 f32): 2 shards of 25129 rows.
+        assert_eq!(rows_per_shard(50257, 768, 1 << 25), Some(25129));
+        // Under 2 GiB: whole.
+        assert_eq!(rows_per_shard(50257, 768, 1 << 29), Some(50257));
+        // 10 x 60 in 256-element shards: 3 shards of 4 rows (240 elements) fit. 10 x 70: 3
+        // shards of 4 rows (280) do not, 4 shards of 3 rows (210) do.
+        assert_eq!(rows_per_shard(10, 60, 256), Some(4));
+        assert_eq!(rows_per_shard(10, 70, 256), Some(3));
+        // One row over the capacity cannot be split by rows.
+        assert_eq!(rows_per_shard(3, 300, 256), None);
+        for (rows, cols, cap) in [(50257, 128, 2_621_440), (97, 33, 100), (1, 5, 5)] {
+            let per = rows_per_shard(rows, cols, cap).expect("a row fits");
+            assert!(per * cols <= cap, "{rows} x {cols} in {cap}: {per} rows");
+            // No fewer shards would fit.
+            let n = rows.div_ceil(per);
+            assert!(n == 1 || rows.div_ceil(n - 1) * cols > cap);
+        }
     }
 }

@@ -108,6 +108,12 @@ impl Tensor {
 
     /// Overwrites this contiguous view with normal draws (in place, one dispatch).
     pub fn fill_normal_(&self, mean: f32, std: f32, seed: u64) -> Result<()> {
+        self.fill_normal_at_(mean, std, seed, 0)
+    }
+
+    /// `fill_normal_` with the draws of elements `first ..` of `seed`'s sequence: the pieces
+    /// of a tensor filled one by one (its row shards) hold what one fill of it would.
+    pub fn fill_normal_at_(&self, mean: f32, std: f32, seed: u64, first: usize) -> Result<()> {
         self.expect_dtype("fill_normal_", DType::F32)?;
         if !self.is_contiguous() {
             return Err(Error::InvalidArgument {
@@ -115,7 +121,17 @@ impl Tensor {
                 reason: format!("the target view {:?} is not contiguous", self.shape()),
             });
         }
-        self.draw_(Distribution::Normal, mean, std, seed);
+        // The kernel's counter is a u32.
+        if first + self.numel() > 1 << 32 {
+            return Err(Error::InvalidArgument {
+                op: "fill_normal_",
+                reason: format!(
+                    "draws {first} .. {} are past the 2^32 a seed's sequence holds",
+                    first + self.numel()
+                ),
+            });
+        }
+        self.draw_(Distribution::Normal, mean, std, seed, first as u32);
         Ok(())
     }
 
@@ -179,14 +195,14 @@ impl Tensor {
     }
 
     /// Overwrites this contiguous f32 view with draws from `dist` (parameters a, b): element i
-    /// of the view is a pure function of (seed, i).
-    fn draw_(&self, dist: Distribution, a: f32, b: f32, seed: u64) {
+    /// of the view is a pure function of (seed, first + i).
+    fn draw_(&self, dist: Distribution, a: f32, b: f32, seed: u64, first: u32) {
         let numel = self.numel() as u64;
         let params = RandomParams {
             numel: numel as u32,
             seed_lo: seed as u32,
             seed_hi: (seed >> 32) as u32,
-            counter: 0,
+            counter: first,
             a,
             b,
             out_offset: self.layout().offset as u32,
@@ -212,7 +228,7 @@ impl Tensor {
         seed: u64,
     ) -> Result<Tensor> {
         let t = Tensor::uninit(device, shape, DType::F32, "random")?;
-        t.draw_(dist, a, b, seed);
+        t.draw_(dist, a, b, seed, 0);
         Ok(t)
     }
 

@@ -12,6 +12,7 @@ mod layernorm;
 mod linear;
 mod matmul;
 mod reduce;
+mod shard_matmul;
 mod softmax;
 mod view;
 

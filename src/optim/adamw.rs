@@ -194,7 +194,9 @@ impl AdamW {
             return Err(Error::InvalidArgument {
                 op: "AdamW restore",
                 reason: format!(
-                    "the optimizer has chunks of {built:?} elements, the saved moments {given:?}"
+                    "the optimizer has chunks of {built:?} elements, the saved moments {given:?} \
+                     (parameters are chunked by the max storage-binding size: resume where it \
+                     is the saved run's, e.g. with WGRAD_MAX_BINDING lowering a larger one)"
                 ),
             });
         }
