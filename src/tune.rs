@@ -4,12 +4,12 @@
 //! adapter's cache file for later runs. Searches measure; nothing here asserts on timing.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
 use crate::error::Result;
 use crate::graph::{DType, Device, Tensor};
 use crate::kernels::tuning::{self, ProductKey, TileChoice};
 use crate::ops::{autocast, candidate_tiles, heuristic_tile};
+use crate::profile::ceilings::gpu_ms;
 
 /// One tile's time on a product.
 #[derive(Clone, Copy, Debug)]
@@ -75,9 +75,8 @@ pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
     ))
 }
 
-/// Median milliseconds of `a @ b` (under autocast when `half`) over `reps` products after one
-/// untimed: GPU timestamps around each product where the adapter has them, else the wall time
-/// of all `reps` recorded back to back over `reps`.
+/// Median GPU milliseconds of `a @ b` (under autocast when `half`) over `reps` products after
+/// one untimed (`profile::ceilings::gpu_ms`: the split-K sum, where there is one, included).
 pub fn time_product(
     device: &Device,
     a: &Tensor,
@@ -85,33 +84,7 @@ pub fn time_product(
     half: bool,
     reps: usize,
 ) -> Result<f64> {
-    let product = || autocast(half, || a.matmul(b));
-    drop(product()?);
-    device.sync()?;
-    let reps = reps.max(1);
-    if device.set_gpu_timing(true).is_some() {
-        for _ in 0..reps {
-            drop(product()?);
-        }
-        let intervals = device.take_gpu_intervals()?;
-        device.set_gpu_timing(false);
-        let mut ms: Vec<f64> = intervals
-            .iter()
-            .filter(|i| i.label.starts_with("matmul"))
-            .map(|i| (i.end_ns - i.start_ns) * 1e-6)
-            .collect();
-        if ms.len() == reps {
-            ms.sort_by(f64::total_cmp);
-            return Ok(ms[reps / 2]);
-        }
-    }
-    device.sync()?;
-    let start = Instant::now();
-    for _ in 0..reps {
-        drop(product()?);
-    }
-    device.sync()?;
-    Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)
+    gpu_ms(device, reps, || autocast(half, || a.matmul(b)))
 }
 
 /// Measures every candidate tile of `key`, records the fastest in the device's table, and

@@ -1,13 +1,15 @@
 //! `wgrad bench matmul --dtype f32|f16|mixed [--search]`: TFLOP/s per product and the kernel
 //! variant each runs on (the cooperative-matrix kernel for f16 where the adapter has one, else
 //! the tiled kernel), with the bytes moved at least (each operand read once, C written once) as
-//! GB/s, so a row reads against both the compute and the memory roof. `--search` measures every
+//! GB/s, each against the roof measured in the same run (f16 cooperative-matrix or f32 FMA
+//! TFLOP/s, device-to-device copy GB/s: `profile::ceilings`). `--search` measures every
 //! tile the product's kernel can run, lists them, keeps the fastest in the adapter's tile table
 //! and writes it to its cache file. Prints a table, or `--json`.
 
 use serde::Serialize;
 use wgrad::kernels::tuning::ProductKey;
 use wgrad::ops::matmul_variant;
+use wgrad::profile::ceilings::{self, Ceilings};
 use wgrad::tune::{self, Search};
 use wgrad::{Device, Result};
 
@@ -58,6 +60,11 @@ struct Row {
     tflops: f64,
     /// Bytes moved at least (A and B read once, C written once) per second.
     gbps: f64,
+    /// Shares of the measured roofs: TFLOP/s of the kernel's arithmetic roof (cooperative
+    /// matrices for a mixed-precision product where the adapter has them, else f32 FMA), GB/s
+    /// of the device-to-device copy.
+    of_compute_roof: f64,
+    of_copy: f64,
     /// With --search: every tile measured, and the heuristic tile's time.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tiles: Vec<TileRow>,
@@ -78,6 +85,7 @@ struct Report {
     backend: String,
     dtype: &'static str,
     timing: &'static str,
+    ceilings: Ceilings,
     rows: Vec<Row>,
     /// With --search: where the tile table was written.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -127,6 +135,7 @@ pub fn run(args: &Args) -> Result<()> {
         "wall time over back-to-back products"
     };
     device.set_gpu_timing(false);
+    let roofs = ceilings::measure(&device, args.quick)?;
     let (a_f16, b_f16, half, name) = match args.dtype {
         Dtype::F32 => (false, false, false, "f32"),
         Dtype::F16 => (true, true, true, "f16"),
@@ -176,6 +185,12 @@ pub fn run(args: &Args) -> Result<()> {
                     .collect()
             })
             .unwrap_or_default();
+        let kernel = matmul_variant(&device, &key);
+        let compute_roof = match (kernel.starts_with("coop"), roofs.coop_tflops) {
+            (true, Some(t)) => t,
+            _ => roofs.fma_tflops,
+        };
+        let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
         rows.push(Row {
             m,
             n,
@@ -187,10 +202,12 @@ pub fn run(args: &Args) -> Result<()> {
                 if b_t { "T" } else { "N" }
             ),
             dtype: name,
-            kernel: matmul_variant(&device, &key),
+            kernel,
             ms,
             tflops: tflops(&key, ms),
-            gbps: bytes as f64 / (ms * 1e-3) / 1e9,
+            gbps,
+            of_compute_roof: tflops(&key, ms) / compute_roof,
+            of_copy: gbps / roofs.copy_gbps,
             tiles,
             default_ms: search.as_ref().and_then(Search::default_ms),
         });
@@ -205,6 +222,7 @@ pub fn run(args: &Args) -> Result<()> {
         backend: info.backend,
         dtype: name,
         timing,
+        ceilings: roofs,
         rows,
         tile_table,
     };
@@ -216,17 +234,35 @@ pub fn run(args: &Args) -> Result<()> {
         return Ok(());
     }
     println!(
-        "adapter: {} ({}), {} operands, f32 accumulation; {}\n",
+        "adapter: {} ({}), {} operands, f32 accumulation; {}",
         report.adapter, report.backend, name, report.timing
     );
+    let c = &report.ceilings;
+    let coop = c
+        .coop_tflops
+        .map_or("none".into(), |t| format!("{t:.1} TFLOP/s"));
     println!(
-        "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9} {:>8} {:>8}",
-        "M", "N", "K", "batch", "AB", "kernel", "ms", "TFLOP/s", "GB/s"
+        "roofs: copy {:.0} GB/s, f32 FMA {:.3} TFLOP/s, f16 cooperative matrices {coop}\n",
+        c.copy_gbps, c.fma_tflops
+    );
+    println!(
+        "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9} {:>8} {:>6} {:>8} {:>6}",
+        "M", "N", "K", "batch", "AB", "kernel", "ms", "TFLOP/s", "roof", "GB/s", "copy"
     );
     for r in &report.rows {
         println!(
-            "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9.3} {:>8.2} {:>8.1}",
-            r.m, r.n, r.k, r.batch, r.layout, r.kernel, r.ms, r.tflops, r.gbps
+            "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9.3} {:>8.2} {:>5.1}% {:>8.1} {:>5.1}%",
+            r.m,
+            r.n,
+            r.k,
+            r.batch,
+            r.layout,
+            r.kernel,
+            r.ms,
+            r.tflops,
+            r.of_compute_roof * 100.0,
+            r.gbps,
+            r.of_copy * 100.0
         );
         for t in &r.tiles {
             println!(

@@ -1,11 +1,15 @@
-//! `wgrad bench ops`: matmul GFLOP/s, elementwise and reduction GB/s, the CPU cost of
-//! recording a dispatch (a 1,000-op chain with one read-back, against the same chain flushed
-//! after every op), and pool reuse over a repeated workload. Prints a table, or `--json`.
+//! `wgrad bench ops`: the adapter's measured roofs (device-to-device copy GB/s, f32 FMA and f16
+//! cooperative-matrix TFLOP/s), matmul GFLOP/s, elementwise and reduction GB/s, each against
+//! its roof, the CPU cost of recording a dispatch (a 1,000-op chain with one read-back, against
+//! the same chain flushed after every op), and pool reuse over a repeated workload. Kernel
+//! times are GPU timestamps where the adapter has them. Prints tables, or `--json`.
 
 use std::time::Instant;
 
 use serde::Serialize;
-use wgrad::kernels::matmul::choose_tile;
+use wgrad::kernels::tuning::ProductKey;
+use wgrad::ops::matmul_variant;
+use wgrad::profile::ceilings::{self, gpu_ms, Ceilings};
 use wgrad::{Device, Result, Tensor};
 
 #[derive(clap::Args)]
@@ -31,6 +35,8 @@ struct MatmulRow {
     tile: String,
     ms: f64,
     gflops: f64,
+    /// Share of the measured f32 FMA roof.
+    of_fma_roof: f64,
 }
 
 #[derive(Serialize)]
@@ -39,6 +45,8 @@ struct BandwidthRow {
     elements: usize,
     ms: f64,
     gbps: f64,
+    /// Share of the measured device-to-device copy bandwidth.
+    of_copy: f64,
 }
 
 #[derive(Serialize)]
@@ -70,6 +78,7 @@ struct PoolRow {
 struct Report {
     adapter: String,
     backend: String,
+    ceilings: Ceilings,
     matmul: Vec<MatmulRow>,
     elementwise: Vec<BandwidthRow>,
     reduction: Vec<BandwidthRow>,
@@ -78,27 +87,12 @@ struct Report {
     pool: PoolRow,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+/// Median GPU milliseconds of what `f` records (see `ceilings::gpu_ms`).
+fn time_ms(device: &Device, reps: usize, f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
+    gpu_ms(device, reps, f)
 }
 
-/// Median milliseconds of `f` (recorded, then synchronized), after one warm-up run.
-fn time_ms(device: &Device, reps: usize, mut f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
-    drop(f()?);
-    device.sync()?;
-    let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = Instant::now();
-        let out = f()?;
-        device.sync()?;
-        times.push(start.elapsed().as_secs_f64() * 1e3);
-        drop(out);
-    }
-    Ok(median(times))
-}
-
-fn bench_matmul(device: &Device, args: &Args) -> Result<Vec<MatmulRow>> {
+fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<MatmulRow>> {
     // (m, n, k, batch, b transposed): square, a GPT-2 projection (B*T x C @ C x 4C), its
     // weight-gradient shape (A^T B, reads through strides), and attention-score batches.
     let shapes: &[(usize, usize, usize, usize, bool)] = if args.quick {
@@ -127,88 +121,72 @@ fn bench_matmul(device: &Device, args: &Args) -> Result<Vec<MatmulRow>> {
             Tensor::rand_uniform(device, &[batch, k, n], -1.0, 1.0, 2)?
         };
         let ms = time_ms(device, args.reps, || a.matmul(&b))?;
+        let key = ProductKey {
+            m: m as u32,
+            n: n as u32,
+            k: k as u32,
+            batch: batch as u32,
+            half: false,
+            a_f16: false,
+            b_f16: false,
+            a_t: false,
+            b_t: bt,
+        };
+        let gflops = 2.0 * (m * n * k * batch) as f64 / (ms * 1e-3) / 1e9;
         rows.push(MatmulRow {
             m,
             n,
             k,
             batch,
             b_transposed: bt,
-            tile: choose_tile(m, n, batch).name(),
+            tile: matmul_variant(device, &key),
             ms,
-            gflops: 2.0 * (m * n * k * batch) as f64 / (ms * 1e-3) / 1e9,
+            gflops,
+            of_fma_roof: gflops / 1e3 / roofs.fma_tflops,
         });
     }
     Ok(rows)
 }
 
-fn bench_bandwidth(device: &Device, args: &Args) -> Result<(Vec<BandwidthRow>, Vec<BandwidthRow>)> {
+fn bench_bandwidth(
+    device: &Device,
+    args: &Args,
+    roofs: &Ceilings,
+) -> Result<(Vec<BandwidthRow>, Vec<BandwidthRow>)> {
     let n = if args.quick { 1 << 20 } else { 1 << 26 };
     let x = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 3)?;
     let y = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 4)?;
     let gbps = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+    let row = |name: &str, bytes: usize, ms: f64| BandwidthRow {
+        name: name.into(),
+        elements: n,
+        ms,
+        gbps: gbps(bytes, ms),
+        of_copy: gbps(bytes, ms) / roofs.copy_gbps,
+    };
     let mut ew = Vec::new();
     let ms = time_ms(device, args.reps, || x.add(&y))?;
-    ew.push(BandwidthRow {
-        name: "add (vec4)".into(),
-        elements: n,
-        ms,
-        gbps: gbps(12 * n, ms),
-    });
+    ew.push(row("add (vec4)", 12 * n, ms));
     let ms = time_ms(device, args.reps, || x.mul_scalar(2.0))?;
-    ew.push(BandwidthRow {
-        name: "mul_scalar (vec4)".into(),
-        elements: n,
-        ms,
-        gbps: gbps(8 * n, ms),
-    });
+    ew.push(row("mul_scalar (vec4)", 8 * n, ms));
     let rows = 1024;
     let x2 = x.reshape(&[rows, n / rows])?;
     let bias = Tensor::rand_uniform(device, &[n / rows], -1.0, 1.0, 5)?;
     let ms = time_ms(device, args.reps, || x2.add(&bias))?;
-    ew.push(BandwidthRow {
-        name: "add broadcast row (strided)".into(),
-        elements: n,
-        ms,
-        gbps: gbps(8 * n, ms),
-    });
+    ew.push(row("add broadcast row (strided)", 8 * n, ms));
     let xt = x2.t()?;
     let ms = time_ms(device, args.reps, || xt.contiguous())?;
-    ew.push(BandwidthRow {
-        name: "transpose copy (strided)".into(),
-        elements: n,
-        ms,
-        gbps: gbps(8 * n, ms),
-    });
+    ew.push(row("transpose copy (strided)", 8 * n, ms));
 
     let mut red = Vec::new();
     let ms = time_ms(device, args.reps, || x.sum_all())?;
-    red.push(BandwidthRow {
-        name: "sum over all".into(),
-        elements: n,
-        ms,
-        gbps: gbps(4 * n, ms),
-    });
+    red.push(row("sum over all", 4 * n, ms));
     let ms = time_ms(device, args.reps, || x2.sum(-1, false))?;
-    red.push(BandwidthRow {
-        name: "sum over last axis".into(),
-        elements: n,
-        ms,
-        gbps: gbps(4 * n, ms),
-    });
+    red.push(row("sum over last axis", 4 * n, ms));
     let ms = time_ms(device, args.reps, || x2.max(0, false))?;
-    red.push(BandwidthRow {
-        name: "max over first axis".into(),
-        elements: n,
-        ms,
-        gbps: gbps(4 * n, ms),
-    });
+    red.push(row("max over first axis", 4 * n, ms));
     let ms = time_ms(device, args.reps, || x2.softmax())?;
-    red.push(BandwidthRow {
-        name: "softmax last axis".into(),
-        elements: n,
-        ms,
-        gbps: gbps(8 * n, ms),
-    });
+    red.push(row("softmax last axis", 8 * n, ms));
     Ok((ew, red))
 }
 
@@ -284,14 +262,16 @@ pub fn run(args: &Args) -> Result<()> {
     let device = Device::new()?;
     let info = device.report();
     device.warmup();
-    let matmul = bench_matmul(&device, args)?;
-    let (elementwise, reduction) = bench_bandwidth(&device, args)?;
+    let roofs = ceilings::measure(&device, args.quick)?;
+    let matmul = bench_matmul(&device, args, &roofs)?;
+    let (elementwise, reduction) = bench_bandwidth(&device, args, &roofs)?;
     let chain = bench_chain(&device, 1000, false)?;
     let eager_chain = bench_chain(&device, 1000, true)?;
     let pool = bench_pool(&device, 5)?;
     let report = Report {
         adapter: info.adapter,
         backend: info.backend,
+        ceilings: roofs,
         matmul,
         elementwise,
         reduction,
@@ -312,13 +292,21 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn print_tables(r: &Report) {
     println!("adapter: {} ({})\n", r.adapter, r.backend);
+    let c = &r.ceilings;
+    let coop = c
+        .coop_tflops
+        .map_or("none".into(), |t| format!("{t:.1} TFLOP/s"));
     println!(
-        "{:>6} {:>6} {:>6} {:>5} {:>4} {:>14} {:>10} {:>10}",
-        "M", "N", "K", "batch", "B^T", "tile", "ms", "GFLOP/s"
+        "roofs: copy {:.0} GB/s (read + written), f32 FMA {:.3} TFLOP/s, f16 cooperative matrices {coop}\n",
+        c.copy_gbps, c.fma_tflops
+    );
+    println!(
+        "{:>6} {:>6} {:>6} {:>5} {:>4} {:>20} {:>10} {:>10} {:>7}",
+        "M", "N", "K", "batch", "B^T", "tile", "ms", "GFLOP/s", "of FMA"
     );
     for m in &r.matmul {
         println!(
-            "{:>6} {:>6} {:>6} {:>5} {:>4} {:>14} {:>10.3} {:>10.1}",
+            "{:>6} {:>6} {:>6} {:>5} {:>4} {:>20} {:>10.3} {:>10.1} {:>6.1}%",
             m.m,
             m.n,
             m.k,
@@ -326,17 +314,22 @@ fn print_tables(r: &Report) {
             if m.b_transposed { "yes" } else { "no" },
             m.tile,
             m.ms,
-            m.gflops
+            m.gflops,
+            m.of_fma_roof * 100.0
         );
     }
     println!(
-        "\n{:<32} {:>10} {:>10} {:>8}",
-        "elementwise / reduction", "elements", "ms", "GB/s"
+        "\n{:<32} {:>10} {:>10} {:>8} {:>8}",
+        "elementwise / reduction", "elements", "ms", "GB/s", "of copy"
     );
     for b in r.elementwise.iter().chain(&r.reduction) {
         println!(
-            "{:<32} {:>10} {:>10.3} {:>8.1}",
-            b.name, b.elements, b.ms, b.gbps
+            "{:<32} {:>10} {:>10.3} {:>8.1} {:>7.1}%",
+            b.name,
+            b.elements,
+            b.ms,
+            b.gbps,
+            b.of_copy * 100.0
         );
     }
     println!(

@@ -474,6 +474,24 @@ impl Device {
         s.counters.bytes_uploaded += data.len() as u64;
     }
 
+    /// Records a copy of the first `bytes` of `src` into `dst` (a buffer-to-buffer copy in
+    /// order with the recorded work: the device-to-device copy `wgrad bench` measures against).
+    pub fn copy_storage(&self, src: &Storage, dst: &Storage, bytes: u64) {
+        let bytes = bytes.min(src.bytes).min(dst.bytes) / wgpu::COPY_BUFFER_ALIGNMENT
+            * wgpu::COPY_BUFFER_ALIGNMENT;
+        if bytes == 0 {
+            return;
+        }
+        let mut s = self.state();
+        s.segment.commands.push(Command::Copy {
+            src: src.buffer_ref().buffer,
+            src_offset: 0,
+            dst: dst.buffer_ref().buffer,
+            dst_offset: 0,
+            size: bytes,
+        });
+    }
+
     /// Flushes, waits, and returns `len` bytes of `src` from byte `offset`.
     pub(crate) fn read_back(&self, src: &Storage, offset: u64, len: u64) -> Result<Vec<u8>> {
         if len == 0 {

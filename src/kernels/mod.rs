@@ -23,6 +23,7 @@ pub mod layernorm;
 pub mod loss_scale;
 pub mod matmul;
 pub mod matmul_coop;
+pub mod peak;
 pub mod random;
 pub mod reduce;
 pub mod scatter;
@@ -386,6 +387,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(layernorm::variants());
     v.extend(cross_entropy::variants());
     v.extend(attention::variants());
+    v.extend(peak::variants());
     v
 }
 

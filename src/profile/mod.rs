@@ -2,6 +2,7 @@
 //! spans, per-step counters, wall times, and a Chrome trace. It observes; it changes nothing
 //! that runs (timestamps are written only while a Profiler is alive).
 
+pub mod ceilings;
 mod report;
 mod spans;
 mod trace;

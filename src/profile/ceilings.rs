@@ -1,0 +1,136 @@
+//! The roofs kernels are measured against, measured on this adapter: the device-to-device copy
+//! bandwidth (bytes read plus written), the f32 FMA rate of shader code, and the f16
+//! cooperative-matrix rate where the adapter has cooperative matrices. `gpu_ms` times recorded
+//! work with GPU timestamps.
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::graph::{DType, Device, Tensor};
+use crate::kernels::matmul_coop::Coop;
+use crate::kernels::peak::{self, PeakParams};
+
+/// Median GPU milliseconds of what one call of `f` records, over `reps` calls after one
+/// untimed: the summed GPU timestamps of its dispatches (each call synchronized, so the
+/// intervals are its own) where the adapter has timestamps, else its synchronized wall time.
+pub fn gpu_ms<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
+    drop(f()?);
+    device.sync()?;
+    let timed = device.set_gpu_timing(true).is_some();
+    let mut times = Vec::with_capacity(reps.max(1));
+    for _ in 0..reps.max(1) {
+        let start = Instant::now();
+        let out = f()?;
+        let intervals = device.take_gpu_intervals()?; // synchronizes
+        let wall = start.elapsed().as_secs_f64() * 1e3;
+        drop(out);
+        times.push(match timed && !intervals.is_empty() {
+            true => intervals
+                .iter()
+                .map(|i| (i.end_ns - i.start_ns) * 1e-6)
+                .sum(),
+            false => wall,
+        });
+    }
+    device.set_gpu_timing(false);
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// The measured roofs.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Ceilings {
+    /// A buffer-to-buffer copy: GB/s counting bytes read plus written.
+    pub copy_gbps: f64,
+    /// f32 FMA chains in shader code, TFLOP/s.
+    pub fma_tflops: f64,
+    /// f16 x f16 -> f32 cooperative-matrix multiply-adds, TFLOP/s (None without them).
+    pub coop_tflops: Option<f64>,
+}
+
+/// Measures the roofs (`quick`: small sizes, for a smoke run).
+pub fn measure(device: &Device, quick: bool) -> Result<Ceilings> {
+    Ok(Ceilings {
+        copy_gbps: copy_gbps(device, quick)?,
+        fma_tflops: fma_tflops(device, quick)?,
+        coop_tflops: match Coop::available(device.gpu()) {
+            Some(coop) => Some(coop_tflops(device, coop, quick)?),
+            None => None,
+        },
+    })
+}
+
+/// Copies of a 256 MiB buffer (1 MiB quick) back to back, wall time over the batch.
+fn copy_gbps(device: &Device, quick: bool) -> Result<f64> {
+    let n = if quick { 1 << 18 } else { 1 << 26 };
+    let reps = if quick { 4 } else { 20 };
+    let src = Tensor::zeros(device, &[n])?;
+    let dst = Tensor::zeros(device, &[n])?;
+    let bytes = 4 * n as u64;
+    device.copy_storage(src.storage(), dst.storage(), bytes);
+    device.sync()?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        device.copy_storage(src.storage(), dst.storage(), bytes);
+    }
+    device.sync()?;
+    let s = start.elapsed().as_secs_f64() / reps as f64;
+    Ok(2.0 * bytes as f64 / s / 1e9)
+}
+
+fn fma_tflops(device: &Device, quick: bool) -> Result<f64> {
+    let groups: u32 = if quick { 8 } else { 4096 };
+    let iters: u32 = if quick { 64 } else { 4096 };
+    let out = Tensor::uninit(
+        device,
+        &[(groups * peak::FMA_LANES) as usize],
+        DType::F32,
+        "peak",
+    )?;
+    let params = PeakParams {
+        iters,
+        _pad: [0; 3],
+    };
+    let ms = gpu_ms(device, 5, || {
+        device.record(
+            &peak::PEAK_FMA,
+            &crate::kernels::Spec::new(),
+            &params,
+            &[out.storage()],
+            [groups, 1, 1],
+        );
+        Ok(())
+    })?;
+    let flop =
+        groups as f64 * peak::FMA_LANES as f64 * iters as f64 * peak::FMA_FLOP_PER_STEP as f64;
+    Ok(flop / (ms * 1e-3) / 1e12)
+}
+
+fn coop_tflops(device: &Device, coop: Coop, quick: bool) -> Result<f64> {
+    let groups: u32 = if quick { 8 } else { 2048 };
+    let iters: u32 = if quick { 64 } else { 2048 };
+    let fe = (coop.fs * coop.fs) as usize;
+    let subgroups = (groups * peak::COOP_SUBGROUPS) as usize;
+    let out = Tensor::uninit(device, &[subgroups * 4 * fe], DType::F32, "peak")?;
+    let src = Tensor::rand_uniform(device, &[fe], -1.0, 1.0, 7)?.to_dtype(DType::F16)?;
+    let params = PeakParams {
+        iters,
+        _pad: [0; 3],
+    };
+    let spec = peak::coop_spec(coop);
+    let ms = gpu_ms(device, 5, || {
+        device.record(
+            &peak::PEAK_COOP,
+            &spec,
+            &params,
+            &[out.storage(), src.storage()],
+            [groups, 1, 1],
+        );
+        Ok(())
+    })?;
+    let fs = coop.fs as f64;
+    let flop = subgroups as f64 * iters as f64 * 4.0 * 2.0 * fs * fs * fs;
+    Ok(flop / (ms * 1e-3) / 1e12)
+}
