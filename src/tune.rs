@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::graph::{DType, Device, Tensor};
 use crate::kernels::tuning::{self, ProductKey, TileChoice};
 use crate::ops::{autocast, candidate_tiles, heuristic_tile};
-use crate::profile::ceilings::gpu_ms;
+use crate::profile::ceilings::{gpu_ms, warm_up};
 
 /// One tile's time on a product.
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +91,7 @@ pub fn time_product(
 /// returns what it measured.
 pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> {
     let (a, b) = operands(device, key)?;
+    warm_up(device, 20.0)?;
     let mut measured = Vec::new();
     for tile in candidate_tiles(device, key) {
         device.force_tile(Some(tile));

@@ -152,6 +152,7 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     for (coop, wg_bytes, msl) in [(Coop::NVIDIA, 49152, false), (Coop::APPLE, 32768, true)] {
         let mut all = variants(coop, wg_bytes);
         all.extend(attention_coop::variants(coop, wg_bytes));
+        all.extend(wgrad::kernels::peak::coop_variants(coop));
         for (kernel, spec) in all {
             let what = format!("{} [{}]", kernel.name, spec.describe());
             let src = compose_source(kernel.family, &spec, true);
@@ -190,8 +191,9 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     }
     assert_eq!(
         count,
-        2 * (5 * 4 * 2 * 16 * 3 + 3 * 7),
+        2 * (5 * 4 * 2 * 16 * 3 + 3 * 7 + 2),
         "variants: 2 fragment sizes x (matmul: 5 type sets x 4 tiles x acc x 4 x 4 operand \
-         accesses x 3 epilogues; attention: 3 head dims x 7 pass and accumulate variants)"
+         accesses x 3 epilogues; attention: 3 head dims x 7 pass and accumulate variants; 2 \
+         roofs)"
     );
 }

@@ -4,13 +4,25 @@
 # same shapes, in one run; one table, a row per shape and wgrad mode, each PyTorch column
 # `ms (wgrad / PyTorch)`. Usage:
 #   benches/reference/compare.sh [path/to/wgrad] [shapes, default 4x128,8x512,16x1024]
-# Env: STEPS, WARMUP (default 20, 5), WGRAD_MODES (default f32,amp), OUT (default /tmp).
+# Env: STEPS, WARMUP (default 20, 5), WGRAD_MODES (default f32,amp), OUT (default /tmp),
+# TUNE (default 1: first search the tiles of each shape and mode's products with
+# `wgrad bench step --tune`, which writes the adapter's tile table; the timed runs read it).
 set -euo pipefail
 WGRAD=${1:-target/release/wgrad}
 SHAPES=${2:-4x128,8x512,16x1024}
 OUT=${OUT:-/tmp}
 : > "$OUT/wgrad_steps.jsonl"
 MODES=${WGRAD_MODES:-f32,amp}
+if [ "${TUNE:-1}" = 1 ]; then
+  for s in ${SHAPES//,/ }; do
+    b=${s%x*}; t=${s#*x}
+    for mode in ${MODES//,/ }; do
+      flag=""; [ "$mode" = amp ] && flag="--amp"
+      "$WGRAD" bench step --preset distilgpt2 --batch "$b" --seq "$t" --steps 1 --warmup 1 --tune $flag > /dev/null \
+        || echo "tuning $s $mode failed" >&2
+    done
+  done
+fi
 for s in ${SHAPES//,/ }; do
   b=${s%x*}; t=${s#*x}
   for mode in ${MODES//,/ }; do

@@ -238,9 +238,12 @@ pub fn run(args: &Args) -> Result<()> {
         report.adapter, report.backend, name, report.timing
     );
     let c = &report.ceilings;
-    let coop = c
-        .coop_tflops
-        .map_or("none".into(), |t| format!("{t:.1} TFLOP/s"));
+    let coop = match (c.coop_tflops, c.coop_shared_tflops) {
+        (Some(t), Some(s)) => {
+            format!("{t:.1} TFLOP/s ({s:.1} loading fragments from workgroup memory)")
+        }
+        _ => "none".into(),
+    };
     println!(
         "roofs: copy {:.0} GB/s, f32 FMA {:.3} TFLOP/s, f16 cooperative matrices {coop}\n",
         c.copy_gbps, c.fma_tflops

@@ -41,6 +41,14 @@ pub static PEAK_COOP: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<PeakParams>() as u64,
 };
 
+/// `peak_coop` with its fragments loaded from workgroup memory every step.
+pub static PEAK_COOP_SHARED: KernelDesc = KernelDesc {
+    name: "peak_coop_shared",
+    family: &COOP_FAMILY,
+    storage: &[Access::ReadWrite, Access::Read],
+    params_size: std::mem::size_of::<PeakParams>() as u64,
+};
+
 /// FLOP per lane and step of `peak_fma`.
 pub const FMA_FLOP_PER_STEP: u64 = 16;
 /// Lanes per workgroup of `peak_fma`.
@@ -72,4 +80,12 @@ pub fn coop_spec(coop: Coop) -> Spec {
 
 pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
     vec![(&PEAK_FMA, Spec::new())]
+}
+
+/// The cooperative-matrix roofs on `coop`.
+pub fn coop_variants(coop: Coop) -> Vec<(&'static KernelDesc, Spec)> {
+    vec![
+        (&PEAK_COOP, coop_spec(coop)),
+        (&PEAK_COOP_SHARED, coop_spec(coop)),
+    ]
 }

@@ -12,31 +12,68 @@ use crate::graph::{DType, Device, Tensor};
 use crate::kernels::matmul_coop::Coop;
 use crate::kernels::peak::{self, PeakParams};
 
-/// Median GPU milliseconds of what one call of `f` records, over `reps` calls after one
-/// untimed: the summed GPU timestamps of its dispatches (each call synchronized, so the
-/// intervals are its own) where the adapter has timestamps, else its synchronized wall time.
+/// Median GPU milliseconds of what one call of `f` records, over `reps` calls recorded back to
+/// back after as many untimed ones (so the GPU runs them without idling: a GPU left idle
+/// between synchronized calls drops its clocks, and an H200 then ran the same matmul 2 to 3
+/// times slower, 2026-11-22): the summed GPU timestamps of each call's dispatches where the
+/// adapter has timestamps, else the wall time of the timed calls over `reps`.
 pub fn gpu_ms<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
-    drop(f()?);
-    device.sync()?;
-    let timed = device.set_gpu_timing(true).is_some();
-    let mut times = Vec::with_capacity(reps.max(1));
-    for _ in 0..reps.max(1) {
-        let start = Instant::now();
-        let out = f()?;
-        let intervals = device.take_gpu_intervals()?; // synchronizes
-        let wall = start.elapsed().as_secs_f64() * 1e3;
-        drop(out);
-        times.push(match timed && !intervals.is_empty() {
-            true => intervals
-                .iter()
-                .map(|i| (i.end_ns - i.start_ns) * 1e-6)
-                .sum(),
-            false => wall,
-        });
+    let reps = reps.max(1);
+    for _ in 0..reps {
+        drop(f()?);
     }
-    device.set_gpu_timing(false);
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    device.sync()?;
+    if device.set_gpu_timing(true).is_some() {
+        for _ in 0..reps {
+            drop(f()?);
+        }
+        let intervals = device.take_gpu_intervals()?;
+        device.set_gpu_timing(false);
+        if !intervals.is_empty() && intervals.len().is_multiple_of(reps) {
+            let per = intervals.len() / reps;
+            let mut times: Vec<f64> = intervals
+                .chunks(per)
+                .map(|c| c.iter().map(|i| (i.end_ns - i.start_ns) * 1e-6).sum())
+                .collect();
+            times.sort_by(f64::total_cmp);
+            return Ok(times[reps / 2]);
+        }
+    }
+    let start = Instant::now();
+    for _ in 0..reps {
+        drop(f()?);
+    }
+    device.sync()?;
+    Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)
+}
+
+/// Keeps the GPU busy for about `ms` milliseconds (f32 FMA chains), so its clocks are up
+/// before a measurement.
+pub fn warm_up(device: &Device, ms: f64) -> Result<()> {
+    let out = Tensor::uninit(
+        device,
+        &[1024 * peak::FMA_LANES as usize],
+        DType::F32,
+        "peak",
+    )?;
+    let params = PeakParams {
+        iters: 1024,
+        _pad: [0; 3],
+    };
+    let start = Instant::now();
+    while start.elapsed().as_secs_f64() * 1e3 < ms {
+        for _ in 0..16 {
+            device.record(
+                &peak::PEAK_FMA,
+                &crate::kernels::Spec::new(),
+                &params,
+                &[out.storage()],
+                [1024, 1, 1],
+            );
+        }
+        device.sync()?;
+    }
+    Ok(())
 }
 
 /// The measured roofs.
@@ -48,36 +85,49 @@ pub struct Ceilings {
     pub fma_tflops: f64,
     /// f16 x f16 -> f32 cooperative-matrix multiply-adds, TFLOP/s (None without them).
     pub coop_tflops: Option<f64>,
+    /// The same with two fragment loads from workgroup memory per four multiply-adds (the
+    /// ratio of matmul_coop's 4 x 4-fragment subgroup tiles), TFLOP/s.
+    pub coop_shared_tflops: Option<f64>,
 }
 
-/// Measures the roofs (`quick`: small sizes, for a smoke run).
+/// Measures the roofs (`quick`: small sizes, for a smoke run), after warming the GPU up.
 pub fn measure(device: &Device, quick: bool) -> Result<Ceilings> {
+    warm_up(device, if quick { 10.0 } else { 300.0 })?;
     Ok(Ceilings {
         copy_gbps: copy_gbps(device, quick)?,
         fma_tflops: fma_tflops(device, quick)?,
         coop_tflops: match Coop::available(device.gpu()) {
-            Some(coop) => Some(coop_tflops(device, coop, quick)?),
+            Some(coop) => Some(coop_tflops(device, coop, quick, &peak::PEAK_COOP)?),
+            None => None,
+        },
+        coop_shared_tflops: match Coop::available(device.gpu()) {
+            Some(coop) => Some(coop_tflops(device, coop, quick, &peak::PEAK_COOP_SHARED)?),
             None => None,
         },
     })
 }
 
-/// Copies of a 256 MiB buffer (1 MiB quick) back to back, wall time over the batch.
+/// Copies of a 256 MiB buffer (1 MiB quick) back to back, wall time over a batch; the best
+/// of 3 batches.
 fn copy_gbps(device: &Device, quick: bool) -> Result<f64> {
     let n = if quick { 1 << 18 } else { 1 << 26 };
-    let reps = if quick { 4 } else { 20 };
+    let reps = if quick { 4 } else { 40 };
     let src = Tensor::zeros(device, &[n])?;
     let dst = Tensor::zeros(device, &[n])?;
     let bytes = 4 * n as u64;
     device.copy_storage(src.storage(), dst.storage(), bytes);
     device.sync()?;
-    let start = Instant::now();
-    for _ in 0..reps {
-        device.copy_storage(src.storage(), dst.storage(), bytes);
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let start = Instant::now();
+        for _ in 0..reps {
+            device.copy_storage(src.storage(), dst.storage(), bytes);
+        }
+        device.sync()?;
+        let s = start.elapsed().as_secs_f64() / reps as f64;
+        best = best.max(2.0 * bytes as f64 / s / 1e9);
     }
-    device.sync()?;
-    let s = start.elapsed().as_secs_f64() / reps as f64;
-    Ok(2.0 * bytes as f64 / s / 1e9)
+    Ok(best)
 }
 
 fn fma_tflops(device: &Device, quick: bool) -> Result<f64> {
@@ -108,7 +158,12 @@ fn fma_tflops(device: &Device, quick: bool) -> Result<f64> {
     Ok(flop / (ms * 1e-3) / 1e12)
 }
 
-fn coop_tflops(device: &Device, coop: Coop, quick: bool) -> Result<f64> {
+fn coop_tflops(
+    device: &Device,
+    coop: Coop,
+    quick: bool,
+    kernel: &'static crate::kernels::KernelDesc,
+) -> Result<f64> {
     let groups: u32 = if quick { 8 } else { 2048 };
     let iters: u32 = if quick { 64 } else { 2048 };
     let fe = (coop.fs * coop.fs) as usize;
@@ -122,7 +177,7 @@ fn coop_tflops(device: &Device, coop: Coop, quick: bool) -> Result<f64> {
     let spec = peak::coop_spec(coop);
     let ms = gpu_ms(device, 5, || {
         device.record(
-            &peak::PEAK_COOP,
+            kernel,
             &spec,
             &params,
             &[out.storage(), src.storage()],
