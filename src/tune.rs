@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use crate::error::Result;
 use crate::graph::{DType, Device, Tensor};
 use crate::kernels::tuning::{self, ProductKey, TileChoice};
-use crate::ops::{autocast, candidate_tiles, heuristic_tile};
+use crate::ops::matmul::Epilogue;
+use crate::ops::{autocast, candidate_tiles, heuristic_tile, Out};
 use crate::profile::ceilings::{gpu_ms, warm_up};
 
 /// One tile's time on a product.
@@ -75,15 +76,25 @@ pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
     ))
 }
 
-/// Median GPU milliseconds of `a @ b` (under autocast when `half`) over `reps` products after
-/// one untimed (`profile::ceilings::gpu_ms`: the split-K sum, where there is one, included).
+/// Median GPU milliseconds of `a @ b` (under autocast when `half`; plus a bias when `bias`, as
+/// `linear` records it) over `reps` products after as many untimed (`profile::ceilings::
+/// gpu_ms`: the split-K sum, where there is one, included).
 pub fn time_product(
     device: &Device,
     a: &Tensor,
     b: &Tensor,
-    half: bool,
+    (half, bias): (bool, bool),
     reps: usize,
 ) -> Result<f64> {
+    if bias {
+        let n = b.shape()[b.rank() - 1];
+        let bias = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 3)?;
+        return gpu_ms(device, reps, || {
+            autocast(half, || {
+                a.matmul_epilogue_into(b, Epilogue::Bias(&bias), Out::New, DType::F32)
+            })
+        });
+    }
     gpu_ms(device, reps, || autocast(half, || a.matmul(b)))
 }
 
@@ -95,7 +106,7 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
     let mut measured = Vec::new();
     for tile in candidate_tiles(device, key) {
         device.force_tile(Some(tile));
-        let ms = time_product(device, &a, &b, key.half, reps);
+        let ms = time_product(device, &a, &b, (key.half, key.bias), reps);
         device.force_tile(None);
         measured.push(Measured { tile, ms: ms? });
     }

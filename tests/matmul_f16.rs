@@ -302,3 +302,43 @@ fn f16_operand_layouts_and_offsets() {
         }
     }
 }
+
+/// Gradients large enough for whole tiles (which the cooperative-matrix kernel starts from the
+/// gradient and stores straight back), accumulated twice; and a product written whole.
+#[test]
+fn f16_products_over_whole_tiles_write_and_accumulate() {
+    let d = dev();
+    let mut rng = rng("f16 matmul whole tiles");
+    let (t, m, n) = (300, 136, 264);
+    let x = Arr::rand(&mut rng, &[t, m], -1.0, 1.0);
+    let w = Arr::rand(&mut rng, &[m, n], -1.0, 1.0);
+    let wl = w.upload(d).requires_grad();
+    let xt = x.upload(d);
+    let (g1, g2) = (
+        Arr::rand(&mut rng, &[t, n], -1.0, 1.0),
+        Arr::rand(&mut rng, &[t, n], -1.0, 1.0),
+    );
+    for g in [&g1, &g2] {
+        let y = autocast(true, || xt.matmul(&wl)).unwrap();
+        y.backward_with(&g.upload(d)).unwrap();
+    }
+    let xr = round_f16(&x).t();
+    let want = xr
+        .matmul(&round_f16(&g1))
+        .zip(&xr.matmul(&round_f16(&g2)), |a, b| a + b);
+    // Two sums of 300 products each: f32 rounding reaches 1.2e-5 elementwise; compared whole.
+    check_rel_norm(
+        &wl.grad().unwrap(),
+        &want,
+        ROUNDED_TOL,
+        "two dW = x^T g over whole tiles, accumulated",
+    );
+    poison(d, t * n);
+    let y = autocast(true, || xt.matmul(&wl)).unwrap();
+    check_rel_norm(
+        &y,
+        &round_f16(&x).matmul(&round_f16(&w)),
+        ROUNDED_TOL,
+        "x W over whole tiles",
+    );
+}

@@ -191,9 +191,9 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     }
     assert_eq!(
         count,
-        2 * (5 * 4 * 2 * 16 * 3 + 3 * 7 + 2),
+        2 * (5 * 4 * 2 * 16 * 3 + 4 * 4 * 2 * 4 + 3 * 7 + 2),
         "variants: 2 fragment sizes x (matmul: 5 type sets x 4 tiles x acc x 4 x 4 operand \
-         accesses x 3 epilogues; attention: 3 head dims x 7 pass and accumulate variants; 2 \
-         roofs)"
+         accesses x 3 epilogues, and direct stores: 4 type sets with an f32 C x 4 tiles x acc \
+         x 4 accesses; attention: 3 head dims x 7 pass and accumulate variants; 2 roofs)"
     );
 }

@@ -28,7 +28,7 @@
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
 // f16) through its strides with bounds checks.
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
-// Specialization: FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, ACC; types
+// Specialization: FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, C_DIRECT, ACC; types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C); snippets TILE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
@@ -247,10 +247,12 @@ fn frag_b(k0: u32, n0: u32, stage: u32) -> MB {
     return coopLoad<MB>(&b_sh[i], s);
 }
 
-// `product(wid, lid, sg)` (the subgroup's accumulators of the workgroup's tile of A @ B) and
-// `spill(f, sg)` (accumulator f into the subgroup's FS x FS f32 scratch tile, row-major) come
-// with the generated snippet (see the launcher): the accumulators and the units in flight are
-// separate variables there and the loops over them unrolled, so they stay in registers.
+// `zero_acc()`, `load_acc(wid, sg)` (the accumulators from C), `product(wid, lid, sg)` (adds
+// the workgroup's tile of A @ B into the subgroup's accumulators), `spill(f, sg)` (accumulator f into the
+// subgroup's FS x FS f32 scratch tile, row-major) and `store_direct(wid, sg)` (every
+// accumulator straight to C) come with the generated snippet (see the launcher): the
+// accumulators and the units in flight are separate variables there and the loops over them
+// unrolled, so they stay in registers.
 
 // Row and column in C of element e (< FE) of accumulator f of subgroup sg.
 fn frag_row(wid: vec3<u32>, sg: u32, f: u32, e: u32) -> u32 {
@@ -269,10 +271,31 @@ fn store_c(o: u32, v: f32) {
     }
 }
 
+
+
+// Element (0, 0) in C of accumulator f of subgroup sg.
+fn c_frag(wid: vec3<u32>, sg: u32, f: u32) -> u32 {
+    return p.c_off + wid.z * p.c_bs + frag_row(wid, sg, f, 0u) * p.c_ms + frag_col(wid, sg, f, 0u);
+}
+
 @compute @workgroup_size(WG)
 fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    // C_DIRECT (f32 C with unit column stride, 16-byte aligned rows): a tile inside C starts
+    // its accumulators from C (ACC) and stores them straight to it, no scratch, no barrier.
+    // (Computed here: naga takes the entry point's workgroup id as uniform, and cooperative
+    // operations need uniform control flow.)
+    let direct = C_DIRECT && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
+    if (direct && ACC) {
+        load_acc(wid, sg);
+    } else {
+        zero_acc();
+    }
     product(wid, lid, sg);
+    if (direct) {
+        store_direct(wid, sg);
+        return;
+    }
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
@@ -291,6 +314,7 @@ fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 @compute @workgroup_size(WG)
 fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    zero_acc();
     product(wid, lid, sg);
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);
@@ -311,6 +335,7 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 @compute @workgroup_size(WG)
 fn matmul_coop_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                     @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    zero_acc();
     product(wid, lid, sg);
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);

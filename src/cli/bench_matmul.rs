@@ -161,6 +161,7 @@ pub fn run(args: &Args) -> Result<()> {
             b_f16,
             a_t,
             b_t,
+            bias: false,
         };
         let search: Option<Search> = if args.search {
             Some(tune::search(&device, &key, args.reps)?)
@@ -168,7 +169,7 @@ pub fn run(args: &Args) -> Result<()> {
             None
         };
         let (a, b) = tune::operands(&device, &key)?;
-        let ms = tune::time_product(&device, &a, &b, half, args.reps)?;
+        let ms = tune::time_product(&device, &a, &b, (half, false), args.reps)?;
         let c_bytes = 4 * m * n * batch;
         let bytes = batch * (m * k * if a_f16 { 2 } else { 4 } + k * n * if b_f16 { 2 } else { 4 })
             + c_bytes;

@@ -332,13 +332,16 @@ impl OperandLayout {
 }
 
 /// The specialization of one product: tile, accumulate, storage types, how A and B are read.
+/// `c_direct`: C is f32 with unit column stride and 16-byte aligned rows (offset, row and
+/// batch strides multiples of 4), so tiles inside it load and store their accumulators
+/// straight from and to C (plain products only; the launcher checks it).
 pub fn spec(
     t: CoopTile,
     acc: bool,
     types: Types,
     coop: Coop,
-    a: OperandAccess,
-    b: OperandAccess,
+    (a, b): (OperandAccess, OperandAccess),
+    c_direct: bool,
 ) -> Spec {
     let (ma, mb, mc) = match coop.fs {
         8 => (
@@ -371,27 +374,28 @@ pub fn spec(
         .bool("B_UN", b.along_cols)
         .bool("A_VEC", a.vec)
         .bool("B_VEC", b.vec)
+        .bool("C_DIRECT", c_direct)
         .bool("ACC", acc)
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
-        .source("UNROLLED", generated(t, coop))
+        .source("UNROLLED", generated(t, coop, c_direct))
 }
 
 /// The part of the kernel generated per tile shape: FM x FN accumulators and the UA + UB
 /// units a lane keeps in flight, as separate variables, with every loop over them unrolled
 /// (a loop the shader compiler keeps would index them at run time and push them out of
 /// registers). Generated once per shape and kept for the process.
-fn generated(t: CoopTile, coop: Coop) -> &'static str {
+fn generated(t: CoopTile, coop: Coop, c_direct: bool) -> &'static str {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    type Key = (CoopTile, u32, u32);
+    type Key = (CoopTile, u32, u32, bool);
     static CACHE: Mutex<BTreeMap<Key, &'static str>> = Mutex::new(BTreeMap::new());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     cache
-        .entry((t, coop.fs, coop.sgs))
-        .or_insert_with(|| Box::leak(unrolled_source(t, coop).into_boxed_str()))
+        .entry((t, coop.fs, coop.sgs, c_direct))
+        .or_insert_with(|| Box::leak(unrolled_source(t, coop, c_direct).into_boxed_str()))
 }
 
-fn unrolled_source(t: CoopTile, coop: Coop) -> String {
+fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
     use std::fmt::Write as _;
     let lanes = t.lanes(coop.sgs);
     let ua = t.bm(coop.fs) * t.bk / 8 / lanes;
@@ -452,15 +456,28 @@ fn unrolled_source(t: CoopTile, coop: Coop) -> String {
         }
         let _ = writeln!(w, "    }}");
     }
-    let _ = writeln!(
-        w,
-        "}}\n\n// The subgroup's accumulators of the workgroup's tile of A @ B: the next step's units\n\
-         // are fetched while this step multiplies.\n\
-         fn product(wid: vec3<u32>, lid: u32, sg: u32) {{\n    let sm = sg / SG_N;\n    let sn = sg % SG_N;\n    k_range(wid);"
-    );
+    let _ = writeln!(w, "}}\n\nfn zero_acc() {{");
     for f in 0..fm * fn_ {
         let _ = writeln!(w, "    acc{f} = MC();");
     }
+    // With C_DIRECT (f32 C) an accumulating tile inside C starts from C; the load only
+    // type-checks against an f32 C, so it is generated only then.
+    let _ = writeln!(w, "}}\n\nfn load_acc(wid: vec3<u32>, sg: u32) {{");
+    if c_direct {
+        let _ = writeln!(w, "    let s = p.c_ms;");
+        for f in 0..fm * fn_ {
+            let _ = writeln!(
+                w,
+                "    let i{f} = c_frag(wid, sg, {f}u);\n    acc{f} = coopLoadT<MC>(&c[i{f}], s);"
+            );
+        }
+    }
+    let _ = writeln!(
+        w,
+        "}}\n\n// Adds the workgroup's tile of A @ B into the subgroup's accumulators: the next step's units\n\
+         // are fetched while this step multiplies.\n\
+         fn product(wid: vec3<u32>, lid: u32, sg: u32) {{\n    let sm = sg / SG_N;\n    let sn = sg % SG_N;\n    k_range(wid);"
+    );
     if t.stages == 1 {
         let _ = writeln!(
             w,
@@ -510,6 +527,21 @@ fn unrolled_source(t: CoopTile, coop: Coop) -> String {
         );
     }
     let _ = writeln!(w, "        default: {{}}\n    }}\n}}");
+    let _ = writeln!(
+        w,
+        "\n// Every accumulator straight to C (C_DIRECT tiles inside C).\n\
+         fn store_direct(wid: vec3<u32>, sg: u32) {{"
+    );
+    if c_direct {
+        let _ = writeln!(w, "    let s = p.c_ms;");
+        for f in 0..fm * fn_ {
+            let _ = writeln!(
+                w,
+                "    let i{f} = c_frag(wid, sg, {f}u);\n    coopStoreT(acc{f}, &c[i{f}], s);"
+            );
+        }
+    }
+    let _ = writeln!(w, "}}");
     s
 }
 
@@ -522,7 +554,8 @@ fn vec4_of(t: DType) -> &'static str {
 
 /// Every variant for an adapter offering `coop` with `max_workgroup_bytes`: each default tile
 /// and a two-stage one, accumulate or not, each of the step's storage types, each way of
-/// reading A and B, each epilogue.
+/// reading A and B, each epilogue; and the direct-store plain products into f32 (each way of
+/// reading A, B read the same way).
 pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let accesses = [false, true].into_iter().flat_map(|along_cols| {
         [false, true]
@@ -541,8 +574,14 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                 for &a in &accesses {
                     for &b in &accesses {
                         for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
-                            v.push((kernel, spec(t, acc, ty, coop, a, b)));
+                            v.push((kernel, spec(t, acc, ty, coop, (a, b), false)));
                         }
+                    }
+                }
+                // Direct stores: plain products into an f32 C.
+                if ty.c == DType::F32 {
+                    for &a in &accesses {
+                        v.push((&MATMUL_COOP, spec(t, acc, ty, coop, (a, a), true)));
                     }
                 }
             }
@@ -625,15 +664,20 @@ mod generated_tests {
     #[test]
     fn the_generated_part_names_every_accumulator_and_unit_once() {
         let t = COOP_TILES[0];
-        let src = generated(t, Coop::NVIDIA);
+        let src = generated(t, Coop::NVIDIA, true);
         let frags = (t.fm * t.fn_) as usize;
         assert_eq!(src.matches("var<private> acc").count(), frags);
-        assert_eq!(src.matches("coopStoreT(acc").count(), frags);
+        assert_eq!(src.matches("coopStoreT(acc").count(), 2 * frags);
         // Every accumulator multiplies once per fragment of K in a step.
         let kf = (t.bk / Coop::NVIDIA.fs) as usize;
         assert_eq!(src.matches("coopMultiplyAdd").count(), frags * kf);
         // Generated once: the same text (address) for the same tile.
-        assert!(std::ptr::eq(src, generated(t, Coop::NVIDIA)));
+        assert!(std::ptr::eq(src, generated(t, Coop::NVIDIA, true)));
+        // Direct stores: one store per accumulator, and a start from C when accumulating.
+        assert_eq!(src.matches("coopLoadT<MC>(&c[").count(), frags);
+        assert_eq!(src.matches("coopStoreT(acc").count(), 2 * frags);
+        let scratch_only = generated(t, Coop::NVIDIA, false);
+        assert_eq!(scratch_only.matches("&c[").count(), 0);
         println!("{src}");
     }
 }

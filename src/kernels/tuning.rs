@@ -26,6 +26,9 @@ pub struct ProductKey {
     /// A read with M unit-stride (a transposed view); B read with K unit-stride.
     pub a_t: bool,
     pub b_t: bool,
+    /// A bias (and GELU) epilogue: such products cannot split K, so they tune apart.
+    #[serde(default)]
+    pub bias: bool,
 }
 
 impl ProductKey {
@@ -45,6 +48,9 @@ impl ProductKey {
         }
         if self.b_t {
             s += " B^T";
+        }
+        if self.bias {
+            s += " +bias";
         }
         s
     }
@@ -226,6 +232,7 @@ mod tests {
             b_f16: true,
             a_t: false,
             b_t: true,
+            bias: false,
         };
         let mut t = TileTable::default();
         t.insert(key, TileChoice::parse("coop 2x4/4x2/64").unwrap(), 1.5);

@@ -337,6 +337,7 @@ impl Tensor {
             b_f16: types.b == DType::F16,
             a_t: params.a_ms == 1 && params.a_ks != 1,
             b_t: params.b_ks == 1 && params.b_ns != 1,
+            bias: !matches!(epilogue, Epilogue::None),
         };
         let dev = self.device();
         let choice = choose_kernel(dev, &key);
@@ -377,13 +378,31 @@ impl Tensor {
                 };
                 let a_access = layout(&a, m, k, a_bs).access();
                 let b_access = layout(&b, k, n, b_bs).access();
+                // C written straight from the accumulators: a plain product into f32 with
+                // unit column stride and rows on 16-byte boundaries (the partials of a split
+                // are contiguous (S, M, N)).
+                let (c_off, c_ms, c_bs) = match split {
+                    1 => (params.c_off, params.c_ms, params.c_bs),
+                    _ => (0, n as u32, (m * n) as u32),
+                };
+                let c_direct = matches!(epilogue, Epilogue::None)
+                    && kernel_types.c == DType::F32
+                    && (split > 1 || params.c_ns == 1)
+                    && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4));
                 (
                     [
                         &matmul_coop::MATMUL_COOP,
                         &matmul_coop::MATMUL_COOP_BIAS,
                         &matmul_coop::MATMUL_COOP_BIAS_GELU,
                     ],
-                    matmul_coop::spec(tile, kernel_acc, kernel_types, coop, a_access, b_access),
+                    matmul_coop::spec(
+                        tile,
+                        kernel_acc,
+                        kernel_types,
+                        coop,
+                        (a_access, b_access),
+                        c_direct,
+                    ),
                 )
             }
             Choice::Tiled(tile) => (

@@ -10,7 +10,7 @@ mod elementwise;
 mod gather;
 mod layernorm;
 mod linear;
-mod matmul;
+pub(crate) mod matmul;
 mod reduce;
 mod shard_matmul;
 mod softmax;
