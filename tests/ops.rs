@@ -731,6 +731,26 @@ fn reduce_a_long_axis_and_a_broadcast_axis() {
     check_axis_reductions(d, "broadcast [4, 300]", &x, &b.broadcast_to(&[4, 300]));
 }
 
+/// Tall matrices reduced over their rows run with lanes along the columns (`reduce_cols`), in
+/// one workgroup row (64 to 256 rows) or in chunks of 256 rows and a second pass over the
+/// chunks' partials; also through a view whose rows are longer than its columns.
+#[test]
+fn reduce_over_the_rows_of_tall_matrices() {
+    let d = dev();
+    for shape in [[64, 33], [300, 130], [1000, 77]] {
+        let a = Arr::rand(
+            &mut rng(&format!("reduce rows {shape:?}")),
+            &shape,
+            -1.0,
+            1.0,
+        );
+        check_axis_reductions(d, &format!("{shape:?}"), &a.upload(d), &a);
+    }
+    let base = Arr::rand(&mut rng("reduce rows view"), &[700, 90], -1.0, 1.0);
+    let x = base.upload(d).narrow(1, 5, 77).unwrap();
+    check_axis_reductions(d, "[700, 90][:, 5..82]", &x, &base.narrow(1, 5, 77));
+}
+
 type ReductionAll = (&'static str, fn(&Tensor) -> R, fn(&Arr) -> f64);
 
 const SUM_MAX_MIN_ALL: [ReductionAll; 3] = [

@@ -5,6 +5,7 @@
 //   in_offset, and red(r) is r's coordinates in `red_shape` (red_rank dims) times
 //   `red_strides`. One workgroup of 256 lanes per output element (linear workgroup id = o);
 //   lanes stride over r, then a workgroup reduction (subgroups where present).
+// reduce_cols: the same over the rows of a matrix with contiguous kept columns (below).
 // reduce_partial: stage 1 of a reduction over all numel elements (strided by shape/strides):
 //   n_groups workgroups, workgroup g folds elements g*256+lid, stepping n_groups*256, into
 //   partial[g] (times scale). Stage 2 is reduce_dims over the partials.
@@ -52,6 +53,15 @@ fn fold(acc: f32, v: f32) -> f32 {
         case 2u: { return min(acc, v); }
         case 3u: { return acc + v * v; }
         default: { return acc + v; }
+    }
+}
+
+// Two partial results folded together (sums of squares combine as sums).
+fn combine(a: f32, b: f32) -> f32 {
+    switch COMBINE {
+        case 1u: { return max(a, b); }
+        case 2u: { return min(a, b); }
+        default: { return a + b; }
     }
 }
 
@@ -125,5 +135,39 @@ fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     acc = wg_reduce(acc, lanes, COMBINE);
     if (lanes.lid == 0u) {
         store(p.out_offset + g, acc * p.scale);
+    }
+}
+
+// reduce_cols: a fold over the rows of a matrix whose kept dim is contiguous (the bias
+// gradient: the sum over B*T rows of an (B*T, N) gradient), so lanes read consecutive columns.
+// out[out_offset + wid.y * out_numel + c] (+)= scale * fold over rows r in chunk wid.y of
+// x[in_offset + r * red_strides[0][0] + c * strides[0][0]], chunks of n_groups rows. A
+// workgroup of 256 lanes covers COL_LANES = 64 columns and 4 row phases; the phases meet in
+// workgroup memory. With several chunks the partials go out one row per chunk and a second
+// reduce_cols folds them (scale and ACC apply there).
+const COL_LANES: u32 = 64u;
+var<workgroup> col_part: array<f32, RED_WG>;
+
+@compute @workgroup_size(RED_WG)
+fn reduce_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wid.x * COL_LANES + lid % COL_LANES;
+    let phase = lid / COL_LANES;
+    let r0 = wid.y * p.n_groups;
+    let r1 = min(p.red_numel, r0 + p.n_groups);
+    var acc = identity();
+    if (c < p.out_numel) {
+        let base = p.in_offset + c * p.strides[0][0];
+        for (var r = r0 + phase; r < r1; r += RED_WG / COL_LANES) {
+            acc = fold(acc, x[base + r * p.red_strides[0][0]]);
+        }
+    }
+    col_part[lid] = acc;
+    workgroupBarrier();
+    if (phase == 0u && c < p.out_numel) {
+        var total = col_part[lid];
+        for (var q = 1u; q < RED_WG / COL_LANES; q++) {
+            total = combine(total, col_part[lid + q * COL_LANES]);
+        }
+        store(p.out_offset + wid.y * p.out_numel + c, total * p.scale);
     }
 }

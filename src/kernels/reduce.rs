@@ -45,6 +45,21 @@ pub static REDUCE_PARTIAL: KernelDesc = KernelDesc {
     params_size: PARAMS,
 };
 
+/// Folds over the rows of a matrix whose kept dim is contiguous, `COL_LANES` columns a
+/// workgroup, rows in chunks of `n_groups` (one partial row per chunk).
+pub static REDUCE_COLS: KernelDesc = KernelDesc {
+    name: "reduce_cols",
+    family: &FAMILY,
+    storage: &[Access::ReadWrite, Access::Read],
+    params_size: PARAMS,
+};
+
+/// Columns per workgroup of `reduce_cols`.
+pub const COL_LANES: u64 = 64;
+/// Rows a workgroup of `reduce_cols` folds at most: more rows go to more workgroups, whose
+/// partial rows a second `reduce_cols` folds.
+pub const COL_CHUNK_ROWS: u64 = 256;
+
 /// Lanes per workgroup (`RED_WG`).
 pub const WORKGROUP: u64 = 256;
 
@@ -74,6 +89,7 @@ pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
         for acc in [false, true] {
             v.push((&REDUCE_DIMS, spec(op, acc)));
             v.push((&REDUCE_PARTIAL, spec(op, acc)));
+            v.push((&REDUCE_COLS, spec(op, acc)));
         }
     }
     v

@@ -145,6 +145,15 @@ impl Tensor {
             return Err(too_many_dims(NAME, kept.rank().max(red.rank())));
         }
         let out_numel = target.numel();
+        // Rows of a matrix with contiguous kept columns: lanes along the columns.
+        let columns = kept.rank() == 1
+            && kept.strides[0] == 1
+            && red.rank() == 1
+            && red.numel() as u64 >= reduce::COL_LANES;
+        if out_numel > 0 && columns {
+            self.reduce_cols(op, &kept, &red, scale, (&target, acc))?;
+            return Ok(target);
+        }
         if out_numel > 0 {
             let params = ReduceParams {
                 out_numel: out_numel as u32,
@@ -170,6 +179,74 @@ impl Tensor {
             );
         }
         Ok(target)
+    }
+
+    /// `reduce_dims_into` over the rows (`red`, one dim) of columns (`kept`, one unit-stride
+    /// dim): `reduce_cols` over chunks of rows, then (several chunks) over their partial rows.
+    fn reduce_cols(
+        &self,
+        op: ReduceOp,
+        kept: &Layout,
+        red: &Layout,
+        scale: f32,
+        (target, acc): (&Tensor, bool),
+    ) -> Result<()> {
+        let dev = self.device();
+        let (cols, rows) = (kept.numel() as u64, red.numel() as u64);
+        let col_groups = cols.div_ceil(reduce::COL_LANES) as u32;
+        let chunks = rows.div_ceil(reduce::COL_CHUNK_ROWS);
+        let params = |rows: u64, row_stride: usize, in_offset: usize, out_offset: usize| {
+            ReduceParams {
+                out_numel: cols as u32,
+                red_numel: rows as u32,
+                rank: 1,
+                red_rank: 1,
+                in_offset: in_offset as u32,
+                scale,
+                n_groups: rows as u32, // one chunk: all rows
+                out_offset: out_offset as u32,
+                strides: pack8(&[1]),
+                red_strides: pack8(&[row_stride]),
+                ..Default::default()
+            }
+        };
+        let base = self.layout().offset;
+        if chunks == 1 {
+            dev.record(
+                &reduce::REDUCE_COLS,
+                &reduce::spec(op, acc),
+                &params(rows, red.strides[0], base, target.layout().offset),
+                &[target.storage(), self.storage()],
+                [col_groups, 1, 1],
+            );
+            return Ok(());
+        }
+        // Partial rows (chunks, cols), then one fold of them into the target.
+        let part = Tensor::uninit(dev, &[chunks as usize, cols as usize], DType::F32, "reduce")?;
+        let first = ReduceParams {
+            scale: 1.0,
+            n_groups: reduce::COL_CHUNK_ROWS as u32,
+            ..params(rows, red.strides[0], base, 0)
+        };
+        dev.record(
+            &reduce::REDUCE_COLS,
+            &reduce::spec(op, false),
+            &first,
+            &[part.storage(), self.storage()],
+            [col_groups, chunks as u32, 1],
+        );
+        let combine = match op {
+            ReduceOp::SumSquares => ReduceOp::Sum,
+            other => other,
+        };
+        dev.record(
+            &reduce::REDUCE_COLS,
+            &reduce::spec(combine, acc),
+            &params(chunks, cols as usize, 0, target.layout().offset),
+            &[target.storage(), part.storage()],
+            [col_groups, 1, 1],
+        );
+        Ok(())
     }
 
     /// Folds `dim` with `op`, times `scale`.
