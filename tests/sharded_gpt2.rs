@@ -417,3 +417,28 @@ fn a_resumed_run_with_a_split_embedding_repeats_the_uninterrupted_losses() -> Re
     assert_eq!(both, whole, "bitwise the same losses and held-out losses");
     Ok(())
 }
+
+/// Logits over one storage binding: the loss runs the LM head and cross-entropy over chunks of
+/// token rows (here 2 x 64 rows of 50257 logits, 25.7 MB, under the 10 MiB cap: 3 chunks of at
+/// most 52 rows), the same loss and gradients as the whole logits.
+#[test]
+fn logits_over_the_binding_limit_give_the_loss_and_gradients_in_chunks() -> Result<()> {
+    let (split, whole) = split_and_whole(5)?;
+    let mut runs = Vec::new();
+    for model in [&split, &whole] {
+        let (x, y) = batch(model.params.device(), 2, 64)?;
+        let loss = model.loss(&x, &y)?;
+        loss.backward()?;
+        let mut grads = Vec::new();
+        for spec in model.params.specs() {
+            grads.push(model.params.read_grad(&spec.name)?.expect("a gradient"));
+        }
+        runs.push((loss.item()?, grads));
+    }
+    let (s, w) = (&runs[0], &runs[1]);
+    assert_close(&[s.0], &[w.0 as f64], 1e-5, "loss");
+    for (i, (gs, gw)) in s.1.iter().zip(&w.1).enumerate() {
+        assert_close(gs, &f64s(gw), 1e-5, &format!("gradient {i}"));
+    }
+    Ok(())
+}

@@ -140,6 +140,12 @@ impl Gpt2 {
     }
 
     fn forward_logits(&self, ids: &Tensor) -> Result<Tensor> {
+        let x = self.forward_hidden(ids)?;
+        self.lm_head(&x)
+    }
+
+    /// The final hidden states (B, T, C), after ln_f: what the LM head multiplies.
+    fn forward_hidden(&self, ids: &Tensor) -> Result<Tensor> {
         let cfg = &self.config;
         if ids.rank() != 2 {
             return Err(Error::ShapeMismatch {
@@ -166,13 +172,12 @@ impl Gpt2 {
         for i in 0..cfg.n_layer {
             x = self.block(i, &x)?;
         }
-        let x = self.layer_norm(
+        self.layer_norm(
             &x,
             self.p("ln_f.weight")?,
             self.p("ln_f.bias")?,
             cfg.layer_norm_epsilon,
-        )?;
-        self.lm_head(&x)
+        )
     }
 
     /// The token embeddings (N, C) of ids (N) (a u32 tensor made from host data, for backward).
@@ -271,11 +276,65 @@ impl Gpt2 {
 
     /// Mean next-token cross-entropy of `ids` (B, T) against `targets` (B, T).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        let rows = ids.numel();
+        let per_chunk = self.logit_rows_per_binding();
+        if self.kernels == Kernels::Fused && rows > per_chunk && ids.rank() == 2 {
+            return crate::ops::autocast(self.amp, || self.chunked_loss(ids, targets, per_chunk));
+        }
         let logits = self.forward(ids)?;
         match self.kernels {
             Kernels::Fused => logits.cross_entropy(targets, None),
             Kernels::Reference => logits.cross_entropy_unfused(targets, None),
         }
+    }
+
+    /// Rows of logits (V f32 each) that fit one storage binding.
+    fn logit_rows_per_binding(&self) -> usize {
+        let limit = self
+            .params
+            .device()
+            .gpu()
+            .limits
+            .max_storage_buffer_binding_size as usize;
+        (limit / (4 * self.config.vocab_size)).max(1)
+    }
+
+    /// The loss of `loss` when the logits (B*T, V) are over one storage binding: the LM head
+    /// and cross-entropy over chunks of `per_chunk` token rows, each chunk's mean weighted by
+    /// its share of the rows (the same mean; the logits live in one buffer per chunk).
+    fn chunked_loss(&self, ids: &Tensor, targets: &Tensor, per_chunk: usize) -> Result<Tensor> {
+        let n = ids.numel();
+        let hidden = self.forward_hidden(ids)?;
+        let c = hidden.shape()[2];
+        let hidden = hidden.reshape(&[n, c])?; // (B*T, C)
+        let host = targets
+            .host_u32()
+            .filter(|h| h.len() == n && targets.is_contiguous())
+            .ok_or_else(|| Error::InvalidArgument {
+                op: "gpt2 loss",
+                reason: "targets need the host copy Tensor::from_u32 keeps (the loss splits them \
+                         with the logits, which are over one storage binding)"
+                    .into(),
+            })?
+            .clone();
+        let device = self.params.device();
+        let mut total: Option<Tensor> = None;
+        for r0 in (0..n).step_by(per_chunk) {
+            let rows = per_chunk.min(n - r0);
+            let logits = self.lm_head(&hidden.narrow(0, r0, rows)?)?; // (rows, V)
+            let t = Tensor::from_u32(device, &host[r0..r0 + rows], &[rows])?;
+            let part = logits
+                .cross_entropy(&t, None)?
+                .mul_scalar(rows as f32 / n as f32)?;
+            total = Some(match total {
+                None => part,
+                Some(sum) => sum.add(&part)?,
+            });
+        }
+        total.ok_or_else(|| Error::InvalidArgument {
+            op: "gpt2 loss",
+            reason: "no tokens".into(),
+        })
     }
 
     fn layer_norm(&self, x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
