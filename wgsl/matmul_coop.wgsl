@@ -113,38 +113,28 @@ struct Unit {
     hi: vec4<f16>,
 }
 
-// The unit of A starting at element i, elements `st` apart, the first nv valid (the rest zero).
-// A vector of AV holds 4 elements whatever their type.
-fn unit_a(i: u32, st: u32, nv: u32) -> Unit {
-    var u: Unit;
-    if (A_VEC) {
-        u.lo = vec4<f16>(a[i >> 2u]);
-        u.hi = vec4<f16>(a[(i >> 2u) + 1u]);
-        if (nv < 8u) {
-            let j = vec4<u32>(0u, 1u, 2u, 3u);
-            u.lo = select(vec4<f16>(), u.lo, j < vec4<u32>(nv));
-            u.hi = select(vec4<f16>(), u.hi, j + 4u < vec4<u32>(nv));
-        }
-        return u;
+// Vector j (4 elements, whatever their type) and element e of operand `op` (0: A, 1: B), as f16.
+fn vec_of(op: u32, j: u32) -> vec4<f16> {
+    if (op == 0u) {
+        return vec4<f16>(a[j]);
     }
-    for (var j = 0u; j < 4u; j++) {
-        if (j < nv) {
-            let e = i + j * st;
-            u.lo[j] = f16(a[e >> 2u][e & 3u]);
-        }
-        if (j + 4u < nv) {
-            let e = i + (j + 4u) * st;
-            u.hi[j] = f16(a[e >> 2u][e & 3u]);
-        }
-    }
-    return u;
+    return vec4<f16>(b[j]);
 }
 
-fn unit_b(i: u32, st: u32, nv: u32) -> Unit {
+fn elem_of(op: u32, e: u32) -> f16 {
+    if (op == 0u) {
+        return f16(a[e >> 2u][e & 3u]);
+    }
+    return f16(b[e >> 2u][e & 3u]);
+}
+
+// The unit of operand `op` starting at element i, elements `st` apart, the first nv valid (the
+// rest zero): two vector loads when `vec` (A_VEC, B_VEC), else gathered element by element.
+fn unit(op: u32, vec: bool, i: u32, st: u32, nv: u32) -> Unit {
     var u: Unit;
-    if (B_VEC) {
-        u.lo = vec4<f16>(b[i >> 2u]);
-        u.hi = vec4<f16>(b[(i >> 2u) + 1u]);
+    if (vec) {
+        u.lo = vec_of(op, i >> 2u);
+        u.hi = vec_of(op, (i >> 2u) + 1u);
         if (nv < 8u) {
             let j = vec4<u32>(0u, 1u, 2u, 3u);
             u.lo = select(vec4<f16>(), u.lo, j < vec4<u32>(nv));
@@ -154,12 +144,10 @@ fn unit_b(i: u32, st: u32, nv: u32) -> Unit {
     }
     for (var j = 0u; j < 4u; j++) {
         if (j < nv) {
-            let e = i + j * st;
-            u.lo[j] = f16(b[e >> 2u][e & 3u]);
+            u.lo[j] = elem_of(op, i + j * st);
         }
         if (j + 4u < nv) {
-            let e = i + (j + 4u) * st;
-            u.hi[j] = f16(b[e >> 2u][e & 3u]);
+            u.hi[j] = elem_of(op, i + (j + 4u) * st);
         }
     }
     return u;
@@ -181,9 +169,9 @@ fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
     if (gm < p.m && gk < k_hi) {
         let i = p.a_off + wid.z * p.a_bs + gm * p.a_ms + gk * p.a_ks;
         if (A_UK) {
-            u = unit_a(i, p.a_ks, min(8u, k_hi - gk));
+            u = unit(0u, A_VEC, i, p.a_ks, min(8u, k_hi - gk));
         } else {
-            u = unit_a(i, p.a_ms, min(8u, p.m - gm));
+            u = unit(0u, A_VEC, i, p.a_ms, min(8u, p.m - gm));
         }
     }
     return u;
@@ -203,9 +191,9 @@ fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
     if (gk < k_hi && gn < p.n) {
         let i = p.b_off + wid.z * p.b_bs + gk * p.b_ks + gn * p.b_ns;
         if (B_UN) {
-            u = unit_b(i, p.b_ns, min(8u, p.n - gn));
+            u = unit(1u, B_VEC, i, p.b_ns, min(8u, p.n - gn));
         } else {
-            u = unit_b(i, p.b_ks, min(8u, k_hi - gk));
+            u = unit(1u, B_VEC, i, p.b_ks, min(8u, k_hi - gk));
         }
     }
     return u;

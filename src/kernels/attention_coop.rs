@@ -147,22 +147,7 @@ fn forced_tile() -> Option<(u32, u32)> {
 /// `acc_a`: add into the first output (dQ, or dK) instead of overwriting it; `acc_b` the
 /// same for dV.
 pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
-    let (ma, mb, mc) = match coop.fs {
-        8 => (
-            "coop_mat8x8<f16, A>",
-            "coop_mat8x8<f16, B>",
-            "coop_mat8x8<f32, C>",
-        ),
-        _ => (
-            "coop_mat16x16<f16, A>",
-            "coop_mat16x16<f16, B>",
-            "coop_mat16x16<f32, C>",
-        ),
-    };
-    Spec::new()
-        .ty("MA", ma)
-        .ty("MB", mb)
-        .ty("MC", mc)
+    coop.with_fragments(Spec::new())
         .u32("KIND", pass as u32)
         .u32("FS", coop.fs)
         .u32("SGS", coop.sgs)

@@ -91,6 +91,24 @@ impl Coop {
         })
     }
 
+    /// `spec` with the aliases every cooperative-matrix kernel takes for the WGSL types of its
+    /// f16 A and B fragments and f32 accumulators: MA, MB, MC.
+    pub fn with_fragments(&self, spec: Spec) -> Spec {
+        let [ma, mb, mc] = match self.fs {
+            8 => [
+                "coop_mat8x8<f16, A>",
+                "coop_mat8x8<f16, B>",
+                "coop_mat8x8<f32, C>",
+            ],
+            _ => [
+                "coop_mat16x16<f16, A>",
+                "coop_mat16x16<f16, B>",
+                "coop_mat16x16<f32, C>",
+            ],
+        };
+        spec.ty("MA", ma).ty("MB", mb).ty("MC", mc)
+    }
+
     /// NVIDIA's Vulkan driver: 16x16x16 fragments, subgroups of 32.
     pub const NVIDIA: Coop = Coop {
         fs: 16,
@@ -343,22 +361,7 @@ pub fn spec(
     (a, b): (OperandAccess, OperandAccess),
     c_direct: bool,
 ) -> Spec {
-    let (ma, mb, mc) = match coop.fs {
-        8 => (
-            "coop_mat8x8<f16, A>",
-            "coop_mat8x8<f16, B>",
-            "coop_mat8x8<f32, C>",
-        ),
-        _ => (
-            "coop_mat16x16<f16, A>",
-            "coop_mat16x16<f16, B>",
-            "coop_mat16x16<f32, C>",
-        ),
-    };
-    Spec::new()
-        .ty("MA", ma)
-        .ty("MB", mb)
-        .ty("MC", mc)
+    coop.with_fragments(Spec::new())
         .ty("TC", types.c.wgsl())
         .ty("AV", vec4_of(types.a))
         .ty("AV_B", vec4_of(types.b))

@@ -57,22 +57,7 @@ pub const FMA_LANES: u32 = 256;
 pub const COOP_SUBGROUPS: u32 = 4;
 
 pub fn coop_spec(coop: Coop) -> Spec {
-    let (ma, mb, mc) = match coop.fs {
-        8 => (
-            "coop_mat8x8<f16, A>",
-            "coop_mat8x8<f16, B>",
-            "coop_mat8x8<f32, C>",
-        ),
-        _ => (
-            "coop_mat16x16<f16, A>",
-            "coop_mat16x16<f16, B>",
-            "coop_mat16x16<f32, C>",
-        ),
-    };
-    Spec::new()
-        .ty("MA", ma)
-        .ty("MB", mb)
-        .ty("MC", mc)
+    coop.with_fragments(Spec::new())
         .u32("FS", coop.fs)
         .u32("SGS", coop.sgs)
         .u32("SG", COOP_SUBGROUPS)
