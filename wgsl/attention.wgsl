@@ -118,11 +118,11 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     for (var e = lid; e < BR * DMAX; e += WG) {
         let r = e / DMAX;
         let d = e % DMAX;
-        var x = 0.0;
-        if (q0 + r < p.t && d < p.d) {
-            x = q[at(p.q, bh, q0 + r, d)] * p.scale;
-        }
-        tile_q[r * DP + d] = x;
+        // Branch-free (loads under per-lane branches are not overlapped): outside the view a
+        // lane reads element 0 and selects zero.
+        let ok = q0 + r < p.t && d < p.d;
+        let x = q[select(0u, at(p.q, bh, q0 + r, d), ok)] * p.scale;
+        tile_q[r * DP + d] = select(0.0, x, ok);
     }
     if (lid < BR) {
         m_row[lid] = NEG_BIG;
@@ -138,11 +138,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         for (var e = lid; e < BC * DMAX; e += WG) {
             let c = e / DMAX;
             let d = e % DMAX;
-            var x = 0.0;
-            if (k0 + c < p.t && d < p.d) {
-                x = k[at(p.k, bh, k0 + c, d)];
-            }
-            tile_k[c * DP + d] = x;
+            let ok = k0 + c < p.t && d < p.d;
+            let x = k[select(0u, at(p.k, bh, k0 + c, d), ok)];
+            tile_k[c * DP + d] = select(0.0, x, ok);
         }
         workgroupBarrier();
 
@@ -180,11 +178,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         for (var e = lid; e < BC * DMAX; e += WG) {
             let c = e / DMAX;
             let d = e % DMAX;
-            var x = 0.0;
-            if (k0 + c < p.t && d < p.d) {
-                x = v[at(p.v, bh, k0 + c, d)];
-            }
-            tile_k[c * DP + d] = x;
+            let ok = k0 + c < p.t && d < p.d;
+            let x = v[select(0u, at(p.v, bh, k0 + c, d), ok)];
+            tile_k[c * DP + d] = select(0.0, x, ok);
         }
         if (lid < BR) {
             let m_old = m_row[lid];
@@ -299,14 +295,11 @@ fn stage_queries(bh: u32, q0: u32, lid: u32) {
     for (var e = lid; e < BR * DMAX; e += WG) {
         let r = e / DMAX;
         let d = e % DMAX;
-        var x = 0.0;
-        var g = 0.0;
-        if (q0 + r < p.t && d < p.d) {
-            x = q[at(p.q, bh, q0 + r, d)] * p.scale;
-            g = dout[at(p.dout, bh, q0 + r, d)];
-        }
-        tile_q[r * DP + d] = x;
-        tile_do[r * DP + d] = g;
+        let ok = q0 + r < p.t && d < p.d;
+        let x = q[select(0u, at(p.q, bh, q0 + r, d), ok)] * p.scale;
+        let g = dout[select(0u, at(p.dout, bh, q0 + r, d), ok)];
+        tile_q[r * DP + d] = select(0.0, x, ok);
+        tile_do[r * DP + d] = select(0.0, g, ok);
     }
 }
 
@@ -315,14 +308,11 @@ fn stage_keys(bh: u32, k0: u32, lid: u32) {
     for (var e = lid; e < BC * DMAX; e += WG) {
         let c = e / DMAX;
         let d = e % DMAX;
-        var x = 0.0;
-        var y = 0.0;
-        if (k0 + c < p.t && d < p.d) {
-            x = k[at(p.k, bh, k0 + c, d)];
-            y = v[at(p.v, bh, k0 + c, d)];
-        }
-        tile_k[c * DP + d] = x;
-        tile_v[c * DP + d] = y;
+        let ok = k0 + c < p.t && d < p.d;
+        let x = k[select(0u, at(p.k, bh, k0 + c, d), ok)];
+        let y = v[select(0u, at(p.v, bh, k0 + c, d), ok)];
+        tile_k[c * DP + d] = select(0.0, x, ok);
+        tile_v[c * DP + d] = select(0.0, y, ok);
     }
 }
 

@@ -115,11 +115,11 @@ fn stage_q(bh: u32, r0: u32, lid: u32) {
     for (var e = lid; e < QROWS * DMAX / 4u; e += WG) {
         let r = e / (DMAX / 4u);
         let d = (e % (DMAX / 4u)) * 4u;
-        var x = vec4<f32>();
-        if (r0 + r < p.t && d < p.d) {
-            x = q[(base + (r0 + r) * p.q.w + d) / 4u] * p.scale;
-        }
-        let h = vec4<f16>(x);
+        // Branch-free (loads under per-lane branches are not overlapped): outside the view a
+        // lane reads vector 0 and selects zero.
+        let ok = r0 + r < p.t && d < p.d;
+        let x = q[select(0u, (base + (r0 + r) * p.q.w + d) / 4u, ok)] * p.scale;
+        let h = vec4<f16>(select(vec4<f32>(), x, ok));
         for (var c = 0u; c < 4u; c++) {
             q_sh[r * DS + d + c] = h[c];
         }
@@ -131,11 +131,9 @@ fn stage_do(bh: u32, r0: u32, lid: u32) {
     for (var e = lid; e < QROWS * DMAX / 4u; e += WG) {
         let r = e / (DMAX / 4u);
         let d = (e % (DMAX / 4u)) * 4u;
-        var x = vec4<f32>();
-        if (r0 + r < p.t && d < p.d) {
-            x = dout[(base + (r0 + r) * p.dout.w + d) / 4u];
-        }
-        let h = vec4<f16>(x);
+        let ok = r0 + r < p.t && d < p.d;
+        let x = dout[select(0u, (base + (r0 + r) * p.dout.w + d) / 4u, ok)];
+        let h = vec4<f16>(select(vec4<f32>(), x, ok));
         for (var c = 0u; c < 4u; c++) {
             do_sh[r * DS + d + c] = h[c];
         }
@@ -148,14 +146,11 @@ fn stage_kv(bh: u32, r0: u32, lid: u32) {
     for (var e = lid; e < KROWS * DMAX / 4u; e += WG) {
         let r = e / (DMAX / 4u);
         let d = (e % (DMAX / 4u)) * 4u;
-        var x = vec4<f32>();
-        var y = vec4<f32>();
-        if (r0 + r < p.t && d < p.d) {
-            x = k[(kb + (r0 + r) * p.k.w + d) / 4u];
-            y = v[(vb + (r0 + r) * p.v.w + d) / 4u];
-        }
-        let hx = vec4<f16>(x);
-        let hy = vec4<f16>(y);
+        let ok = r0 + r < p.t && d < p.d;
+        let x = k[select(0u, (kb + (r0 + r) * p.k.w + d) / 4u, ok)];
+        let y = v[select(0u, (vb + (r0 + r) * p.v.w + d) / 4u, ok)];
+        let hx = vec4<f16>(select(vec4<f32>(), x, ok));
+        let hy = vec4<f16>(select(vec4<f32>(), y, ok));
         for (var c = 0u; c < 4u; c++) {
             k_sh[r * DS + d + c] = hx[c];
             v_sh[r * DS + d + c] = hy[c];

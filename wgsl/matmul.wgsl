@@ -105,11 +105,11 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             }
             let gm = row0 + mm;
             let gk = k0 + kk;
-            var v = TS(0.0);
-            if (gm < p.m && gk < k_hi) {
-                v = TS(a[a_base + gm * p.a_ms + gk * p.a_ks]);
-            }
-            a_tile[kk * A_ROW + mm] = v;
+            // Branch-free: every lane loads (element 0 of the binding when outside A) and
+            // selects zero, so the loads of the whole stage are in flight together.
+            let ok = gm < p.m && gk < k_hi;
+            let v = TS(a[select(0u, a_base + gm * p.a_ms + gk * p.a_ks, ok)]);
+            a_tile[kk * A_ROW + mm] = select(TS(0.0), v, ok);
         }
         // Stage B: likewise along n for a row-major B, along k for a transposed view.
         let b_k_fast = p.b_ks == 1u && p.b_ns != 1u;
@@ -122,11 +122,9 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             }
             let gk = k0 + kk;
             let gn = col0 + nn;
-            var v = TS(0.0);
-            if (gk < k_hi && gn < p.n) {
-                v = TS(b[b_base + gk * p.b_ks + gn * p.b_ns]);
-            }
-            b_tile[kk * B_ROW + nn] = v;
+            let ok = gk < k_hi && gn < p.n;
+            let v = TS(b[select(0u, b_base + gk * p.b_ks + gn * p.b_ns, ok)]);
+            b_tile[kk * B_ROW + nn] = select(TS(0.0), v, ok);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
