@@ -191,9 +191,11 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     }
     assert_eq!(
         count,
-        2 * (5 * 4 * 2 * 16 * 3 + 4 * 4 * 2 * 4 + 3 * 7 + 2),
-        "variants: 2 fragment sizes x (matmul: 5 type sets x 4 tiles x acc x 4 x 4 operand \
-         accesses x 3 epilogues, and direct stores: 4 type sets with an f32 C x 4 tiles x acc \
-         x 4 accesses; attention: 3 head dims x 7 pass and accumulate variants; 2 roofs)"
+        2 * (4 * 2 * 3 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + 4 * 2 * (6 + 3 * 4) + 3 * 7 + 2),
+        "variants: 2 fragment sizes x (matmul: 4 tiles x acc x 3 epilogues x the operand \
+         accesses of the 5 type sets (6 ways to read an f16 operand, 4 an f32 one: f16 x f16, \
+         f32 x f32, and three with one of each), and direct stores: 4 tiles x acc x the \
+         accesses of the 4 type sets with an f32 C (both operands read the same way); \
+         attention: 3 head dims x 7 pass and accumulate variants; 2 roofs)"
     );
 }

@@ -10,7 +10,8 @@
 // *units*: 8 consecutive elements along one dim of the operand, its unit dim (A_UK: k, else m;
 // B_UN: n, else k), rounded to f16. With A_VEC (B_VEC) the launcher has checked that the unit
 // dim is unit-stride and every unit starts on a vector, so a unit is two vector loads;
-// otherwise it is gathered element by element. Units past M, N or K read as zero (a partial
+// otherwise it is gathered element by element. With A_WIDE (B_WIDE: f16 units on 16 bytes) the
+// operand is bound as mat2x4<f16> (8 halves in 16 bytes) and a unit is one 16-byte load. Units past M, N or K read as zero (a partial
 // unit is masked), so any size works.
 //
 // Workgroup mapping. The workgroup tile BM x BN = (SG_M * FM * FS) x (SG_N * FN * FS): SG_M x
@@ -28,7 +29,7 @@
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
 // f16) through its strides with bounds checks.
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
-// Specialization: FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, C_DIRECT, ACC; types
+// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC; types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C); snippets TILE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
@@ -107,55 +108,25 @@ const FE: u32 = FS * FS; // elements of a fragment
 const FRAGS: u32 = FM * FN;
 var<workgroup> c_sh: array<f32, SG_M * SG_N * FE>;
 
-// A unit: 8 elements rounded to f16.
+// A unit as stored into a tile: 8 elements rounded to f16.
 struct Unit {
     lo: vec4<f16>,
     hi: vec4<f16>,
 }
 
-// Vector j (4 elements, whatever their type) and element e of operand `op` (0: A, 1: B), as f16.
-fn vec_of(op: u32, j: u32) -> vec4<f16> {
-    if (op == 0u) {
-        return vec4<f16>(a[j]);
-    }
-    return vec4<f16>(b[j]);
-}
-
-fn elem_of(op: u32, e: u32) -> f16 {
-    if (op == 0u) {
-        return f16(a[e >> 2u][e & 3u]);
-    }
-    return f16(b[e >> 2u][e & 3u]);
-}
-
-// The unit of operand `op` starting at element i, elements `st` apart, the first nv valid (the
-// rest zero): two vector loads when `vec` (A_VEC, B_VEC), else gathered element by element.
-fn unit(op: u32, vec: bool, i: u32, st: u32, nv: u32) -> Unit {
-    var u: Unit;
-    if (vec) {
-        u.lo = vec_of(op, i >> 2u);
-        u.hi = vec_of(op, (i >> 2u) + 1u);
-        if (nv < 8u) {
-            let j = vec4<u32>(0u, 1u, 2u, 3u);
-            u.lo = select(vec4<f16>(), u.lo, j < vec4<u32>(nv));
-            u.hi = select(vec4<f16>(), u.hi, j + 4u < vec4<u32>(nv));
-        }
-        return u;
-    }
-    for (var j = 0u; j < 4u; j++) {
-        if (j < nv) {
-            u.lo[j] = elem_of(op, i + j * st);
-        }
-        if (j + 4u < nv) {
-            u.hi[j] = elem_of(op, i + (j + 4u) * st);
-        }
-    }
-    return u;
-}
+// How a lane reads its units comes with the READ snippet, written for each operand's binding
+// type: `UnitA` / `UnitB` (8 elements as loaded, rounded to f16, and how many are valid),
+// `unit_a(i, st, nv)` / `unit_b` (the loads: one 16-byte load for a wide operand, two vector
+// loads with A_VEC / B_VEC, else 8 gathered elements; no branches: a lane with nv = 0 reads
+// the binding's first element) and `half_a(u)` / `half_b` (zero past nv). The masking waits
+// for the loads, so it runs when the unit is stored, after the multiply: loads behind per-lane
+// branches, or used at once, are not overlapped with it (4096^3 on an H200: 77 TFLOP/s with
+// branches, 137 with selects at the load, 155 with the masking at the store).
 
 // Unit j of this lane's share of the A tile at k0: unit t = lid + j * WG of the tile is row
-// t / A_UNITS (m, or k when the units run along m), unit column t % A_UNITS.
-fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
+// t / A_UNITS (m, or k when the units run along m), unit column t % A_UNITS. Units past M or
+// the K range have nv = 0.
+fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> UnitA {
     let t = lid + j * WG;
     let row = t / A_UNITS;
     let col = (t % A_UNITS) * 8u;
@@ -165,19 +136,14 @@ fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
         gm = wid.y * BM + col;
         gk = k0 + row;
     }
-    var u: Unit;
-    if (gm < p.m && gk < k_hi) {
-        let i = p.a_off + wid.z * p.a_bs + gm * p.a_ms + gk * p.a_ks;
-        if (A_UK) {
-            u = unit(0u, A_VEC, i, p.a_ks, min(8u, k_hi - gk));
-        } else {
-            u = unit(0u, A_VEC, i, p.a_ms, min(8u, p.m - gm));
-        }
-    }
-    return u;
+    let ok = gm < p.m && gk < k_hi;
+    let i = p.a_off + wid.z * p.a_bs + gm * p.a_ms + gk * p.a_ks;
+    let left = select(p.m - gm, k_hi - gk, A_UK);
+    let nv = select(0u, min(8u, left), ok);
+    return unit_a(i, select(p.a_ms, p.a_ks, A_UK), nv);
 }
 
-fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
+fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> UnitB {
     let t = lid + j * WG;
     let row = t / B_UNITS;
     let col = (t % B_UNITS) * 8u;
@@ -187,28 +153,23 @@ fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> Unit {
         gk = k0 + col;
         gn = wid.x * BN + row;
     }
-    var u: Unit;
-    if (gk < k_hi && gn < p.n) {
-        let i = p.b_off + wid.z * p.b_bs + gk * p.b_ks + gn * p.b_ns;
-        if (B_UN) {
-            u = unit(1u, B_VEC, i, p.b_ns, min(8u, p.n - gn));
-        } else {
-            u = unit(1u, B_VEC, i, p.b_ks, min(8u, k_hi - gk));
-        }
-    }
-    return u;
+    let ok = gk < k_hi && gn < p.n;
+    let i = p.b_off + wid.z * p.b_bs + gk * p.b_ks + gn * p.b_ns;
+    let left = select(k_hi - gk, p.n - gn, B_UN);
+    let nv = select(0u, min(8u, left), ok);
+    return unit_b(i, select(p.b_ks, p.b_ns, B_UN), nv);
 }
 
 // Unit t of a tile goes to halves (t / UNITS) * ROW + (t % UNITS) * 8 (put_a / put_b come
 // with the tile snippet).
-fn store_a(lid: u32, j: u32, u: Unit, stage: u32) {
+fn store_a(lid: u32, j: u32, u: UnitA, stage: u32) {
     let t = lid + j * WG;
-    put_a(stage * A_TILE + (t / A_UNITS) * AS + (t % A_UNITS) * 8u, u);
+    put_a(stage * A_TILE + (t / A_UNITS) * AS + (t % A_UNITS) * 8u, half_a(u));
 }
 
-fn store_b(lid: u32, j: u32, u: Unit, stage: u32) {
+fn store_b(lid: u32, j: u32, u: UnitB, stage: u32) {
     let t = lid + j * WG;
-    put_b(stage * B_TILE + (t / B_UNITS) * BS + (t % B_UNITS) * 8u, u);
+    put_b(stage * B_TILE + (t / B_UNITS) * BS + (t % B_UNITS) * 8u, half_b(u));
 }
 
 // The A fragment of tile rows m0.. and columns k0.. (in halves), and the B fragment of rows

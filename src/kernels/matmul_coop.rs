@@ -235,7 +235,7 @@ const fn tile(sg_m: u32, sg_n: u32, fm: u32, fn_: u32, bk: u32, stages: u32) -> 
 
 /// The tiles the engine chooses among without a tuned table, largest first.
 pub const COOP_TILES: [CoopTile; 3] = [
-    tile(2, 4, 4, 2, 32, 1),
+    tile(2, 2, 4, 4, 32, 1),
     tile(2, 2, 2, 2, 32, 1),
     tile(1, 1, 2, 2, 32, 1),
 ];
@@ -243,11 +243,15 @@ pub const COOP_TILES: [CoopTile; 3] = [
 /// The tiles a search measures (`wgrad bench matmul --search`): the defaults, wider and
 /// deeper ones, other splits of the same outputs over subgroups, and two-stage tiles (those
 /// that fit the adapter's workgroup memory).
-pub const SEARCH_TILES: [CoopTile; 16] = [
+pub const SEARCH_TILES: [CoopTile; 20] = [
+    tile(2, 2, 4, 4, 32, 1),
+    tile(2, 2, 4, 4, 64, 1),
+    tile(2, 2, 2, 4, 32, 1),
+    tile(2, 2, 4, 2, 64, 1),
+    tile(1, 2, 4, 4, 32, 1),
     tile(2, 4, 4, 2, 32, 1),
     tile(2, 4, 4, 2, 64, 1),
     tile(4, 2, 2, 4, 32, 1),
-    tile(2, 2, 4, 4, 32, 1),
     tile(2, 4, 4, 4, 32, 1),
     tile(4, 2, 4, 4, 32, 1),
     tile(2, 2, 4, 2, 32, 1),
@@ -305,6 +309,9 @@ fn forced_tile() -> Option<CoopTile> {
 pub struct OperandAccess {
     pub along_cols: bool,
     pub vec: bool,
+    /// f16 units that start on 16 bytes: one 16-byte load each (the operand bound as
+    /// `vec4<u32>` words), instead of two 8-byte ones.
+    pub wide: bool,
 }
 
 /// An operand as the launcher sees it: element type, offset, batch stride and count, row and
@@ -333,19 +340,26 @@ impl OperandLayout {
         } else {
             (self.row_stride, self.rows, self.col_stride, self.cols)
         };
-        // The kernel reads vectors of 4 elements (f16 or f32).
-        let aligned = |x: usize| x.is_multiple_of(4);
+        // The kernel reads vectors of 4 elements (f16 or f32), or 8 f16 as one 16-byte word vector.
         let last_read = self.offset
             + self.batch.saturating_sub(1) * self.batch_stride
             + other_extent.saturating_sub(1) * other_stride
             + extent.next_multiple_of(8);
+        let aligned_to = |q: usize| {
+            self.offset.is_multiple_of(q)
+                && other_stride.is_multiple_of(q)
+                && (self.batch <= 1 || self.batch_stride.is_multiple_of(q))
+        };
         let vec = matches!(self.dtype, DType::F16 | DType::F32)
             && unit_stride == 1
-            && aligned(self.offset)
-            && aligned(other_stride)
-            && (self.batch <= 1 || aligned(self.batch_stride))
+            && aligned_to(4)
             && last_read <= self.bound_elements;
-        OperandAccess { along_cols, vec }
+        let wide = vec && self.dtype == DType::F16 && aligned_to(8);
+        OperandAccess {
+            along_cols,
+            vec,
+            wide,
+        }
     }
 }
 
@@ -363,8 +377,9 @@ pub fn spec(
 ) -> Spec {
     coop.with_fragments(Spec::new())
         .ty("TC", types.c.wgsl())
-        .ty("AV", vec4_of(types.a))
-        .ty("AV_B", vec4_of(types.b))
+        .ty("AV", vec4_of(types.a, a.wide))
+        .ty("AV_B", vec4_of(types.b, b.wide))
+        .source("READ", read_source((types.a, a.wide), (types.b, b.wide)))
         .u32("FS", coop.fs)
         .u32("SGS", coop.sgs)
         .u32("SG_M", t.sg_m)
@@ -377,6 +392,8 @@ pub fn spec(
         .bool("B_UN", b.along_cols)
         .bool("A_VEC", a.vec)
         .bool("B_VEC", b.vec)
+        .bool("A_WIDE", a.wide)
+        .bool("B_WIDE", b.wide)
         .bool("C_DIRECT", c_direct)
         .bool("ACC", acc)
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
@@ -398,8 +415,98 @@ fn generated(t: CoopTile, coop: Coop, c_direct: bool) -> &'static str {
         .or_insert_with(|| Box::leak(unrolled_source(t, coop, c_direct).into_boxed_str()))
 }
 
+/// The READ snippet: for each operand x = a, b, `UnitX` (a unit as loaded, in f16), `unit_x(i,
+/// st, nv)` (its loads, always issued) and `half_x(u)` (masked to nv), written
+/// for the operand's element type and binding: vectors of 4, or (`wide` f16) mat2x4<f16>. With
+/// A_VEC / B_VEC a unit is one or two vector loads, else 8 gathered elements. Generated once per
+/// combination and kept for the process.
+fn read_source(a: (DType, bool), b: (DType, bool)) -> &'static str {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    type Key = (bool, bool, bool, bool);
+    static CACHE: Mutex<BTreeMap<Key, &'static str>> = Mutex::new(BTreeMap::new());
+    let key = (a.0 == DType::F16, a.1, b.0 == DType::F16, b.1);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache.entry(key).or_insert_with(|| {
+        let text = operand_source("a", "A", a) + &operand_source("b", "B", b);
+        Box::leak(text.into_boxed_str())
+    })
+}
+
+fn operand_source(x: &str, up: &str, (dtype, wide): (DType, bool)) -> String {
+    // f32 elements are rounded as they arrive: a unit held in f32 until its store takes twice
+    // the registers, and made the step's f32 x f16 GELU product 2.6x slower on an H200.
+    let sc = match dtype {
+        DType::F16 => "f16",
+        _ => "f32",
+    };
+    // Two vector loads (4 elements each), or one 16-byte load of 8 halves; element e.
+    let (vec_load, elem) = if wide {
+        (
+            format!("let v = {x}[first >> 3u];\n        u.lo = v[0];\n        u.hi = v[1];"),
+            format!("{x}[e >> 3u][(e >> 2u) & 1u][e & 3u]"),
+        )
+    } else {
+        (
+            format!(
+                "u.lo = vec4<f16>({x}[first >> 2u]);\n        u.hi = vec4<f16>({x}[(first >> 2u) + 1u]);"
+            ),
+            format!("f16({x}[e >> 2u][e & 3u])"),
+        )
+    };
+    let binding = if wide {
+        "16-byte units (mat2x4<f16>)"
+    } else {
+        "vectors of 4"
+    };
+    format!(
+        "// {up}: {sc} elements in {binding}.
+struct Unit{up} {{
+    lo: vec4<f16>,
+    hi: vec4<f16>,
+    nv: u32,
+}}
+
+fn elem_{x}(e: u32) -> f16 {{
+    return {elem};
+}}
+
+fn unit_{x}(i: u32, st: u32, nv: u32) -> Unit{up} {{
+    var u: Unit{up};
+    u.nv = nv;
+    let first = select(0u, i, nv > 0u);
+    if ({up}_VEC) {{
+        {vec_load}
+    }} else {{
+        let j = vec4<u32>(0u, 1u, 2u, 3u);
+        let lo = select(vec4<u32>(), vec4<u32>(i) + j * st, j < vec4<u32>(nv));
+        let hi = select(vec4<u32>(), vec4<u32>(i) + (j + 4u) * st, j + 4u < vec4<u32>(nv));
+        u.lo = vec4<f16>(elem_{x}(lo.x), elem_{x}(lo.y), elem_{x}(lo.z), elem_{x}(lo.w));
+        u.hi = vec4<f16>(elem_{x}(hi.x), elem_{x}(hi.y), elem_{x}(hi.z), elem_{x}(hi.w));
+    }}
+    return u;
+}}
+
+fn half_{x}(u: Unit{up}) -> Unit {{
+    let j = vec4<u32>(0u, 1u, 2u, 3u);
+    let lo = select(vec4<f16>(), u.lo, j < vec4<u32>(u.nv));
+    let hi = select(vec4<f16>(), u.hi, j + 4u < vec4<u32>(u.nv));
+    return Unit(lo, hi);
+}}
+"
+    )
+}
+
+/// `WGRAD_COOP_ABLATE` (a measurement switch; the products come out wrong) leaves parts out of
+/// the main loop, comma-separated: `noglobal` (units made up instead of loaded), `nostore`
+/// (no tile stores), `nomultiply` (no fragment loads or multiply-adds), `nobarrier` (no
+/// workgroup barriers), `noprefetch` (a step's units loaded and stored before its multiply
+/// rather than during the previous one). What is left runs as it would, so the time of a
+/// part is the difference (PROFILING.md).
 fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
     use std::fmt::Write as _;
+    let ablate = std::env::var("WGRAD_COOP_ABLATE").unwrap_or_default();
+    let off = |what: &str| ablate.split(',').any(|a| a == what);
     let lanes = t.lanes(coop.sgs);
     let ua = t.bm(coop.fs) * t.bk / 8 / lanes;
     let ub = t.bk * t.bn(coop.fs) / 8 / lanes;
@@ -415,30 +522,44 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
         let _ = writeln!(w, "var<private> acc{f}: MC;");
     }
     for j in 0..ua {
-        let _ = writeln!(w, "var<private> ua{j}: Unit;");
+        let _ = writeln!(w, "var<private> ua{j}: UnitA;");
     }
     for j in 0..ub {
-        let _ = writeln!(w, "var<private> ub{j}: Unit;");
+        let _ = writeln!(w, "var<private> ub{j}: UnitB;");
     }
     let _ = writeln!(w, "\nfn fetch_units(wid: vec3<u32>, lid: u32, k0: u32) {{");
     for j in 0..ua {
-        let _ = writeln!(w, "    ua{j} = fetch_a(wid, lid, k0, {j}u);");
+        if off("noglobal") {
+            let _ = writeln!(
+                w,
+                "    ua{j} = UnitA();\n    ua{j}.nv = (k0 + lid + {j}u) & 7u;"
+            );
+        } else {
+            let _ = writeln!(w, "    ua{j} = fetch_a(wid, lid, k0, {j}u);");
+        }
     }
     for j in 0..ub {
-        let _ = writeln!(w, "    ub{j} = fetch_b(wid, lid, k0, {j}u);");
+        if off("noglobal") {
+            let _ = writeln!(
+                w,
+                "    ub{j} = UnitB();\n    ub{j}.nv = (k0 + lid + {j}u) & 7u;"
+            );
+        } else {
+            let _ = writeln!(w, "    ub{j} = fetch_b(wid, lid, k0, {j}u);");
+        }
     }
     let _ = writeln!(w, "}}\n\nfn store_units(lid: u32, stage: u32) {{");
-    for j in 0..ua {
+    for j in 0..if off("nostore") { 0 } else { ua } {
         let _ = writeln!(w, "    store_a(lid, {j}u, ua{j}, stage);");
     }
-    for j in 0..ub {
+    for j in 0..if off("nostore") { 0 } else { ub } {
         let _ = writeln!(w, "    store_b(lid, {j}u, ub{j}, stage);");
     }
     let _ = writeln!(
         w,
         "}}\n\n// One step of K out of the tiles of `stage`.\nfn multiply(sm: u32, sn: u32, stage: u32) {{"
     );
-    for kk in 0..kf {
+    for kk in 0..if off("nomultiply") { 0 } else { kf } {
         let k0 = kk * coop.fs;
         let _ = writeln!(w, "    {{");
         for j in 0..fn_ {
@@ -481,7 +602,18 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
          // are fetched while this step multiplies.\n\
          fn product(wid: vec3<u32>, lid: u32, sg: u32) {{\n    let sm = sg / SG_N;\n    let sn = sg % SG_N;\n    k_range(wid);"
     );
-    if t.stages == 1 {
+    if t.stages == 1 && off("noprefetch") {
+        let _ = writeln!(
+            w,
+            "    for (var k0 = k_lo; k0 < k_hi; k0 += BK) {{\n\
+             \x20       fetch_units(wid, lid, k0);\n\
+             \x20       store_units(lid, 0u);\n\
+             \x20       workgroupBarrier();\n\
+             \x20       multiply(sm, sn, 0u);\n\
+             \x20       workgroupBarrier();\n\
+             \x20   }}\n}}\n"
+        );
+    } else if t.stages == 1 {
         let _ = writeln!(
             w,
             "    fetch_units(wid, lid, k_lo);\n\
@@ -545,11 +677,17 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
         }
     }
     let _ = writeln!(w, "}}");
+    if off("nobarrier") {
+        s = s.replace("workgroupBarrier();", "");
+    }
     s
 }
 
-fn vec4_of(t: DType) -> &'static str {
+/// The vector an operand is bound as: 4 elements, or (`wide` f16) 8 halves in one 16-byte
+/// matrix (WGSL has no 8-element vector, and naga no bitcast from words to pairs of halves).
+fn vec4_of(t: DType, wide: bool) -> &'static str {
     match t {
+        DType::F16 if wide => "mat2x4<f16>",
         DType::F16 => "vec4<f16>",
         _ => "vec4<f32>",
     }
@@ -560,22 +698,34 @@ fn vec4_of(t: DType) -> &'static str {
 /// reading A and B, each epilogue; and the direct-store plain products into f32 (each way of
 /// reading A, B read the same way).
 pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
-    let accesses = [false, true].into_iter().flat_map(|along_cols| {
-        [false, true]
-            .into_iter()
-            .map(move |vec| OperandAccess { along_cols, vec })
-    });
-    let accesses: Vec<OperandAccess> = accesses.collect();
     let mut v = Vec::new();
     for ty in STEP_TYPES {
+        // Each way of reading an operand of type `t`: along either dim, gathered or vectors
+        // (and, f16, 16-byte vectors).
+        let accesses = |t: DType| {
+            let mut ways = Vec::new();
+            for along_cols in [false, true] {
+                for (vec, wide) in [(false, false), (true, false), (true, true)] {
+                    if !wide || t == DType::F16 {
+                        ways.push(OperandAccess {
+                            along_cols,
+                            vec,
+                            wide,
+                        });
+                    }
+                }
+            }
+            ways
+        };
+        let (a_ways, b_ways) = (accesses(ty.a), accesses(ty.b));
         for t in COOP_TILES
             .into_iter()
             .chain([tile(2, 4, 4, 2, 32, 2)])
             .filter(|t| t.valid(coop, max_workgroup_bytes))
         {
             for acc in [false, true] {
-                for &a in &accesses {
-                    for &b in &accesses {
+                for &a in &a_ways {
+                    for &b in &b_ways {
                         for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
                             v.push((kernel, spec(t, acc, ty, coop, (a, b), false)));
                         }
@@ -583,8 +733,8 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                 }
                 // Direct stores: plain products into an f32 C.
                 if ty.c == DType::F32 {
-                    for &a in &accesses {
-                        v.push((&MATMUL_COOP, spec(t, acc, ty, coop, (a, a), true)));
+                    for (&a, &b) in a_ways.iter().zip(&b_ways) {
+                        v.push((&MATMUL_COOP, spec(t, acc, ty, coop, (a, b), true)));
                     }
                 }
             }
@@ -620,9 +770,21 @@ mod tests {
 
     #[test]
     fn operand_access_follows_strides_alignment_and_the_binding() {
-        let acc = |along_cols, vec| OperandAccess { along_cols, vec };
+        let acc = |along_cols, vec| OperandAccess {
+            along_cols,
+            vec,
+            wide: false,
+        };
+        let wide = |along_cols| OperandAccess {
+            along_cols,
+            vec: true,
+            wide: true,
+        };
         // Row-major, rows of 64: vector units along the columns, if the last unit fits.
         let mut l = layout(DType::F16, 0, 10, 64, 64, 1);
+        assert_eq!(l.access(), wide(true));
+        // f16 rows of 68: units on 8 bytes, not 16.
+        l = layout(DType::F16, 0, 10, 68, 64, 1);
         assert_eq!(l.access(), acc(true, true));
         // Rows of 44: the last unit of the last row (rounded up to 8) would pass the binding.
         l = layout(DType::F32, 0, 10, 44, 44, 1);
@@ -630,10 +792,7 @@ mod tests {
         l.bound_elements += 4;
         assert_eq!(l.access(), acc(true, true));
         // A transposed view: units along the rows.
-        assert_eq!(
-            layout(DType::F16, 0, 64, 1, 32, 64).access(),
-            acc(false, true)
-        );
+        assert_eq!(layout(DType::F16, 0, 64, 1, 32, 64).access(), wide(false));
         // Unaligned offset or row stride: gathered.
         assert_eq!(
             layout(DType::F16, 1, 10, 64, 63, 1).access(),
@@ -656,7 +815,7 @@ mod tests {
             assert!(t.valid(Coop::NVIDIA, 49152), "{}", t.name());
             assert_eq!(CoopTile::parse(&t.name()), Some(*t));
         }
-        assert_eq!(CoopTile::parse("2x4/4x2"), Some(COOP_TILES[0]));
+        assert_eq!(CoopTile::parse("2x2/4x4"), Some(COOP_TILES[0]));
     }
 }
 
