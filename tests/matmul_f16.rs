@@ -1,7 +1,8 @@
-//! Mixed-precision matmul on the tiled WGSL kernel (the path of adapters without cooperative
-//! matrices; lavapipe runs it): f16 operands (stored as f16, or f32 rounded under autocast),
-//! f32 accumulation, f32 or f16 outputs, epilogues, accumulation, and the backward products of
-//! an autocast forward, all against the CPU f64 reference.
+//! Mixed-precision matmul on the kernel the adapter picks: the tiled WGSL kernel without
+//! cooperative matrices (lavapipe, CI), the cooperative-matrix kernel with them (an NVIDIA GPU
+//! under Vulkan, where these tests are run by hand). f16 operands (stored as f16, or f32
+//! rounded under autocast), f32 accumulation, f32 or f16 outputs, epilogues, accumulation,
+//! and the backward products of an autocast forward, all against the CPU f64 reference.
 //!
 //! Tolerances: against the f64 product of the unrounded inputs, a relative error (norm of the
 //! difference over norm of the product) under 1e-2 (the bound; the rounding of the
