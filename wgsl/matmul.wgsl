@@ -74,7 +74,31 @@ const B_ROW: u32 = BN + 1u;
 var<workgroup> a_tile: array<TS, BK * A_ROW>;
 var<workgroup> b_tile: array<TS, BK * B_ROW>;
 
-// The (TM x TN) block of A @ B this lane owns, for the workgroup's tile.
+// Elements each lane stages per step of K, of A and of B.
+const A_LOADS: u32 = (BM * BK + WG - 1u) / WG;
+const B_LOADS: u32 = (BK * BN + WG - 1u) / WG;
+
+// Element e of a step's A tile: (m, k) in the tile; consecutive lanes walk A's unit-stride dim
+// (k for a row-major A, m for a transposed view), so global reads coalesce either way.
+fn a_at(e: u32) -> vec2<u32> {
+    if (p.a_ms == 1u && p.a_ks != 1u) {
+        return vec2<u32>(e % BM, e / BM);
+    }
+    return vec2<u32>(e / BK, e % BK);
+}
+
+// Element e of a step's B tile: (k, n), along n for a row-major B, along k for a transposed view.
+fn b_at(e: u32) -> vec2<u32> {
+    if (p.b_ks == 1u && p.b_ns != 1u) {
+        return vec2<u32>(e % BK, e / BK);
+    }
+    return vec2<u32>(e / BN, e % BN);
+}
+
+// The (TM x TN) block of A @ B this lane owns, for the workgroup's tile. The next step's
+// elements are loaded into registers while this step multiplies, and stored after it; the
+// loads are branch-free (a lane outside the operand reads element 0) and masked at the store,
+// so they are in flight during the multiply.
 fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
     let batch = wid.z;
     let row0 = wid.y * BM;
@@ -90,57 +114,71 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
     }
     var a_reg: array<f32, TM>;
     var b_reg: array<f32, TN>;
+    var a_next: array<TS, A_LOADS>;
+    var b_next: array<TS, B_LOADS>;
+    var a_ok = 0u; // bit i: a_next[i] lies inside A (and the tile)
+    var b_ok = 0u;
 
     k_range(wid);
-    for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
-        // Stage A: consecutive lanes walk A's unit-stride dim (k for a row-major A, m for a
-        // transposed view), so global reads coalesce either way.
-        let a_m_fast = p.a_ms == 1u && p.a_ks != 1u;
-        for (var e = lid; e < BM * BK; e += WG) {
-            var mm = e / BK;
-            var kk = e % BK;
-            if (a_m_fast) {
-                mm = e % BM;
-                kk = e / BM;
-            }
-            let gm = row0 + mm;
-            let gk = k0 + kk;
-            // Branch-free: every lane loads (element 0 of the binding when outside A) and
-            // selects zero, so the loads of the whole stage are in flight together.
-            let ok = gm < p.m && gk < k_hi;
-            let v = TS(a[select(0u, a_base + gm * p.a_ms + gk * p.a_ks, ok)]);
-            a_tile[kk * A_ROW + mm] = select(TS(0.0), v, ok);
+    var k0 = k_lo;
+    loop {
+        // Loads for the step at k0 (the first one, or the next while this one multiplies).
+        a_ok = 0u;
+        for (var i = 0u; i < A_LOADS; i++) {
+            let e = lid + i * WG;
+            let mk = a_at(e);
+            let gm = row0 + mk.x;
+            let gk = k0 + mk.y;
+            let ok = e < BM * BK && gm < p.m && gk < k_hi;
+            a_next[i] = TS(a[select(0u, a_base + gm * p.a_ms + gk * p.a_ks, ok)]);
+            a_ok |= select(0u, 1u << i, ok);
         }
-        // Stage B: likewise along n for a row-major B, along k for a transposed view.
-        let b_k_fast = p.b_ks == 1u && p.b_ns != 1u;
-        for (var e = lid; e < BK * BN; e += WG) {
-            var kk = e / BN;
-            var nn = e % BN;
-            if (b_k_fast) {
-                kk = e % BK;
-                nn = e / BK;
-            }
-            let gk = k0 + kk;
-            let gn = col0 + nn;
-            let ok = gk < k_hi && gn < p.n;
-            let v = TS(b[select(0u, b_base + gk * p.b_ks + gn * p.b_ns, ok)]);
-            b_tile[kk * B_ROW + nn] = select(TS(0.0), v, ok);
+        b_ok = 0u;
+        for (var i = 0u; i < B_LOADS; i++) {
+            let e = lid + i * WG;
+            let kn = b_at(e);
+            let gk = k0 + kn.x;
+            let gn = col0 + kn.y;
+            let ok = e < BK * BN && gk < k_hi && gn < p.n;
+            b_next[i] = TS(b[select(0u, b_base + gk * p.b_ks + gn * p.b_ns, ok)]);
+            b_ok |= select(0u, 1u << i, ok);
         }
-        workgroupBarrier();
-        for (var kk = 0u; kk < BK; kk++) {
-            for (var i = 0u; i < TM; i++) {
-                a_reg[i] = f32(a_tile[kk * A_ROW + tr + i * ROW_LANES]);
-            }
-            for (var j = 0u; j < TN; j++) {
-                b_reg[j] = f32(b_tile[kk * B_ROW + tc + j * COL_LANES]);
-            }
-            for (var i = 0u; i < TM; i++) {
+        if (k0 > k_lo) {
+            // Multiply the previous step out of the tiles, then store this one's elements.
+            for (var kk = 0u; kk < BK; kk++) {
+                for (var i = 0u; i < TM; i++) {
+                    a_reg[i] = f32(a_tile[kk * A_ROW + tr + i * ROW_LANES]);
+                }
                 for (var j = 0u; j < TN; j++) {
-                    acc[i * TN + j] = fma(a_reg[i], b_reg[j], acc[i * TN + j]);
+                    b_reg[j] = f32(b_tile[kk * B_ROW + tc + j * COL_LANES]);
+                }
+                for (var i = 0u; i < TM; i++) {
+                    for (var j = 0u; j < TN; j++) {
+                        acc[i * TN + j] = fma(a_reg[i], b_reg[j], acc[i * TN + j]);
+                    }
                 }
             }
+            workgroupBarrier();
+        }
+        if (k0 >= k_hi) {
+            break;
+        }
+        for (var i = 0u; i < A_LOADS; i++) {
+            let e = lid + i * WG;
+            if (e < BM * BK) {
+                let mk = a_at(e);
+                a_tile[mk.y * A_ROW + mk.x] = select(TS(0.0), a_next[i], (a_ok & (1u << i)) != 0u);
+            }
+        }
+        for (var i = 0u; i < B_LOADS; i++) {
+            let e = lid + i * WG;
+            if (e < BK * BN) {
+                let kn = b_at(e);
+                b_tile[kn.x * B_ROW + kn.y] = select(TS(0.0), b_next[i], (b_ok & (1u << i)) != 0u);
+            }
         }
         workgroupBarrier();
+        k0 += BK;
     }
     return acc;
 }

@@ -168,7 +168,10 @@ impl Tile {
             && t.bk > 0
             && t.bm.is_multiple_of(t.tm)
             && t.bn.is_multiple_of(t.tn)
-            && (1..=1024).contains(&t.lanes());
+            && (1..=1024).contains(&t.lanes())
+            // Each lane keeps a bit per staged element of A and of B (matmul.wgsl).
+            && (t.bm * t.bk).div_ceil(t.lanes()) <= 32
+            && (t.bk * t.bn).div_ceil(t.lanes()) <= 32;
         ok.then_some(t)
     }
 }
