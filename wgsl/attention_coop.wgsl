@@ -26,8 +26,9 @@
 // which have the most keys), y over b * H + h.
 //
 // Specialization: KIND (0 fwd, 1 dq, 2 dkv), FS, SGS, SG, BC, DMAX (head dim padded to a
-// multiple of FS), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ, ACC_DK,
-// ACC_DV (add into the target instead of overwriting it).
+// multiple of FS), DPARTS (the column parts the [row][d] outputs pass the scratch in, so it is
+// DMAX / DPARTS wide), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
+// ACC_DK, ACC_DV (add into the target instead of overwriting it).
 
 enable wgpu_cooperative_matrix;
 
@@ -75,7 +76,8 @@ const PS: u32 = BC + 8u;                   // P / dS row stride (halves)
 // Scratch row strides (f32), padded by 4 words: the LPR lanes of a row read consecutive words
 // and the rows of a fragment fall in different banks (an unpadded stride of 32 or 64 words put
 // all 16 rows of a fragment in one bank).
-const SW: u32 = max(BC, DMAX) + 4u;
+const DPW: u32 = DMAX / DPARTS;            // columns of a [row][d] output per scratch part
+const SW: u32 = max(BC, DPW) + 4u;
 const SW2: u32 = BC + 4u;
 const BW: u32 = BC / LPR;                  // a lane's columns of a [row][BC] block
 const DW: u32 = DMAX / LPR;                // a lane's columns of a [row][d] block
@@ -269,6 +271,17 @@ fn row_max(x: f32) -> f32 {
     return m;
 }
 
+// Adds part h of a [row][d] output (its columns h * DPW.., in the scratch) into this lane's
+// columns of it, part * DW...
+fn add_part(acc: ptr<function, array<f32, DW>>, h: u32, row: u32, part: u32) {
+    for (var j = 0u; j < DW; j++) {
+        let d = part * DW + j;
+        if (d / DPW == h) {
+            (*acc)[j] += sc[row * SW + d - h * DPW];
+        }
+    }
+}
+
 fn row_sum(x: f32) -> f32 {
     var s = x;
     for (var o = 1u; o < LPR; o <<= 1u) {
@@ -336,17 +349,20 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             o[j] *= alpha;
         }
         workgroupBarrier();
-        // O += P v, one fragment of d at a time, through the scratch.
-        for (var d0 = 0u; d0 < DMAX; d0 += FS) {
-            var acc = MC();
-            for (var c0 = 0u; c0 < BC; c0 += FS) {
-                acc = coopMultiplyAdd(a_pp(r0, c0), b_v(c0, d0), acc);
+        // O += P v, one fragment of d at a time, through the scratch (DPARTS column parts).
+        for (var h = 0u; h < DPARTS; h++) {
+            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
+                var acc = MC();
+                for (var c0 = 0u; c0 < BC; c0 += FS) {
+                    acc = coopMultiplyAdd(a_pp(r0, c0), b_v(c0, d0), acc);
+                }
+                store_sc(acc, r0, d0 - h * DPW);
             }
-            store_sc(acc, r0, d0);
-        }
-        workgroupBarrier();
-        for (var j = 0u; j < DW; j++) {
-            o[j] += sc[row * SW + part * DW + j];
+            workgroupBarrier();
+            add_part(&o, h, row, part);
+            if (h + 1u < DPARTS) {
+                workgroupBarrier();
+            }
         }
     }
 
@@ -428,16 +444,19 @@ fn attn_coop_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
         }
         workgroupBarrier();
         // dQ += dS k.
-        for (var d0 = 0u; d0 < DMAX; d0 += FS) {
-            var acc = MC();
-            for (var c0 = 0u; c0 < BC; c0 += FS) {
-                acc = coopMultiplyAdd(a_ds(r0, c0), b_k(c0, d0), acc);
+        for (var h = 0u; h < DPARTS; h++) {
+            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
+                var acc = MC();
+                for (var c0 = 0u; c0 < BC; c0 += FS) {
+                    acc = coopMultiplyAdd(a_ds(r0, c0), b_k(c0, d0), acc);
+                }
+                store_sc(acc, r0, d0 - h * DPW);
             }
-            store_sc(acc, r0, d0);
-        }
-        workgroupBarrier();
-        for (var j = 0u; j < DW; j++) {
-            dq[j] += sc[row * SW + part * DW + j];
+            workgroupBarrier();
+            add_part(&dq, h, row, part);
+            if (h + 1u < DPARTS) {
+                workgroupBarrier();
+            }
         }
     }
 
@@ -516,29 +535,35 @@ fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         }
         workgroupBarrier();
         // dV += P^T dO.
-        for (var d0 = 0u; d0 < DMAX; d0 += FS) {
-            var acc = MC();
-            for (var c0 = 0u; c0 < BC; c0 += FS) {
-                acc = coopMultiplyAdd(a_pp(r0, c0), b_do(c0, d0), acc);
+        for (var h = 0u; h < DPARTS; h++) {
+            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
+                var acc = MC();
+                for (var c0 = 0u; c0 < BC; c0 += FS) {
+                    acc = coopMultiplyAdd(a_pp(r0, c0), b_do(c0, d0), acc);
+                }
+                store_sc(acc, r0, d0 - h * DPW);
             }
-            store_sc(acc, r0, d0);
-        }
-        workgroupBarrier();
-        for (var j = 0u; j < DW; j++) {
-            dv[j] += sc[row * SW + part * DW + j];
+            workgroupBarrier();
+            add_part(&dv, h, row, part);
+            if (h + 1u < DPARTS) {
+                workgroupBarrier();
+            }
         }
         workgroupBarrier();
         // dK += dS^T (scale q).
-        for (var d0 = 0u; d0 < DMAX; d0 += FS) {
-            var acc = MC();
-            for (var c0 = 0u; c0 < BC; c0 += FS) {
-                acc = coopMultiplyAdd(a_ds(r0, c0), b_q(c0, d0), acc);
+        for (var h = 0u; h < DPARTS; h++) {
+            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
+                var acc = MC();
+                for (var c0 = 0u; c0 < BC; c0 += FS) {
+                    acc = coopMultiplyAdd(a_ds(r0, c0), b_q(c0, d0), acc);
+                }
+                store_sc(acc, r0, d0 - h * DPW);
             }
-            store_sc(acc, r0, d0);
-        }
-        workgroupBarrier();
-        for (var j = 0u; j < DW; j++) {
-            dk[j] += sc[row * SW + part * DW + j];
+            workgroupBarrier();
+            add_part(&dk, h, row, part);
+            if (h + 1u < DPARTS) {
+                workgroupBarrier();
+            }
         }
     }
 

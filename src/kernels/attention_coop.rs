@@ -73,12 +73,15 @@ pub fn kernel(pass: Pass) -> &'static KernelDesc {
 }
 
 /// A pass's blocking: `sg` subgroups of fragment rows (the workgroup's own rows: queries, or
-/// keys for dK/dV), blocks of `bc` rows of the other side, head dim padded to `dmax`.
+/// keys for dK/dV), blocks of `bc` rows of the other side, head dim padded to `dmax`; the
+/// [row][d] products (O, dQ, dV, dK) go through the f32 scratch in `parts` column ranges (so
+/// the scratch is dmax / parts wide, and more subgroups fit the workgroup memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tile {
     pub sg: u32,
     pub bc: u32,
     pub dmax: u32,
+    pub parts: u32,
 }
 
 impl Tile {
@@ -106,7 +109,7 @@ impl Tile {
             + one(bwd, qrows * ds) // do_sh
             + one(pass != Pass::Dq, rows * ps) // pp_sh
             + one(bwd, rows * ps); // ds_sh
-        let floats = rows * (self.bc.max(self.dmax) + 4) // sc
+        let floats = rows * (self.bc.max(self.dmax / self.parts) + 4) // sc
             + one(bwd, rows * (self.bc + 4)) // sc2
             + 2 * one(dkv, self.bc); // lse_c, dvec_c
         2 * halves + 4 * floats
@@ -118,31 +121,45 @@ impl Tile {
 pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Option<Tile> {
     // DistilGPT-2 at 8 x 512 (D 64) on an H200: the forward ran in 1.7 ms with 4 x 32 against
     // 3.7 ms with 2 x 64 (2026-11-22); dQ in 2.35 ms with 4 x 16 against 4.45 ms with 2 x 32
-    // (2026-11-23). dK/dV hold more tiles and fit 2 x 32.
-    let candidates: &[(u32, u32)] = match pass {
-        Pass::Forward => &[(4, 32), (2, 32), (2, 16), (1, 16)],
-        Pass::Dq => &[(4, 16), (2, 32), (2, 16), (1, 16)],
-        Pass::Dkv => &[(2, 32), (2, 16), (1, 16)],
+    // (2026-11-23). dK/dV hold more tiles: 4 x 16 fits with its scratch in 2 column parts.
+    let candidates: &[(u32, u32, u32)] = match pass {
+        Pass::Forward => &[(4, 32, 1), (2, 32, 1), (2, 16, 1), (1, 16, 1)],
+        Pass::Dq => &[(4, 16, 1), (2, 32, 1), (2, 16, 1), (1, 16, 1)],
+        Pass::Dkv => &[(4, 16, 2), (2, 32, 1), (2, 16, 1), (1, 16, 1)],
     };
     forced_tile()
         .into_iter()
         .chain(candidates.iter().copied())
-        .map(|(sg, bc)| Tile { sg, bc, dmax })
+        .map(|(sg, bc, parts)| Tile {
+            sg,
+            bc,
+            dmax,
+            parts,
+        })
         .find(|t| {
             t.dmax.is_multiple_of(coop.fs)
                 && t.bc.is_multiple_of(coop.fs)
+                // Each part whole fragments, and a lane's columns inside one part.
+                && t.parts >= 1
+                && t.dmax.is_multiple_of(t.parts * coop.fs)
+                && t.parts <= coop.sgs / coop.fs
                 && t.workgroup_bytes(pass, coop) <= max_workgroup_bytes
         })
 }
 
-/// `WGRAD_ATTN_TILE=SGxBC` (e.g. `4x32`) tries that blocking first, where it fits (a
-/// measurement switch).
-fn forced_tile() -> Option<(u32, u32)> {
-    static FORCED: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
+/// `WGRAD_ATTN_TILE=SGxBC[xPARTS]` (e.g. `4x32`, `4x16x2`) tries that blocking first, where it
+/// fits (a measurement switch).
+fn forced_tile() -> Option<(u32, u32, u32)> {
+    static FORCED: std::sync::OnceLock<Option<(u32, u32, u32)>> = std::sync::OnceLock::new();
     *FORCED.get_or_init(|| {
         let s = std::env::var("WGRAD_ATTN_TILE").ok()?;
-        let (sg, bc) = s.split_once('x')?;
-        Some((sg.parse().ok()?, bc.parse().ok()?))
+        let mut it = s.split('x').map(|x| x.parse().ok());
+        let (sg, bc) = (it.next()??, it.next()??);
+        let parts = match it.next() {
+            Some(p) => p?,
+            None => 1,
+        };
+        Some((sg, bc, parts))
     })
 }
 
@@ -156,6 +173,7 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
         .u32("SG", t.sg)
         .u32("BC", t.bc)
         .u32("DMAX", t.dmax)
+        .u32("DPARTS", t.parts)
         .bool("ACC_DQ", pass == Pass::Dq && acc_a)
         .bool("ACC_DK", pass == Pass::Dkv && acc_a)
         .bool("ACC_DV", pass == Pass::Dkv && acc_b)
