@@ -310,7 +310,7 @@ pub struct OperandAccess {
     pub along_cols: bool,
     pub vec: bool,
     /// f16 units that start on 16 bytes: one 16-byte load each (the operand bound as
-    /// `vec4<u32>` words), instead of two 8-byte ones.
+    /// mat2x4<f16>, 8 halves), instead of two 8-byte ones.
     pub wide: bool,
 }
 
@@ -340,7 +340,7 @@ impl OperandLayout {
         } else {
             (self.row_stride, self.rows, self.col_stride, self.cols)
         };
-        // The kernel reads vectors of 4 elements (f16 or f32), or 8 f16 as one 16-byte word vector.
+        // The kernel reads vectors of 4 elements (f16 or f32), or 8 halves as one mat2x4<f16>.
         let last_read = self.offset
             + self.batch.saturating_sub(1) * self.batch_stride
             + other_extent.saturating_sub(1) * other_stride
