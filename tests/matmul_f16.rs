@@ -139,6 +139,31 @@ fn mixed_storage_types_and_batches() {
     );
 }
 
+/// Two autocast backward passes of x W (x uploaded as `xt`, W as `wl`, N columns) with random
+/// upstream gradients, which W's gradient accumulates; returns the f64 reference for it, from
+/// the f16-rounded operands.
+fn backward_twice(
+    d: &Device,
+    rng: &mut StdRng,
+    x: &Arr,
+    xt: &Tensor,
+    wl: &Tensor,
+    n: usize,
+) -> Arr {
+    let rows = x.shape[0];
+    let (g1, g2) = (
+        Arr::rand(rng, &[rows, n], -1.0, 1.0),
+        Arr::rand(rng, &[rows, n], -1.0, 1.0),
+    );
+    for g in [&g1, &g2] {
+        let y = autocast(true, || xt.matmul(wl)).unwrap();
+        y.backward_with(&g.upload(d)).unwrap();
+    }
+    let xr = round_f16(x).t();
+    xr.matmul(&round_f16(&g1))
+        .zip(&xr.matmul(&round_f16(&g2)), |a, b| a + b)
+}
+
 #[test]
 fn f16_outputs_epilogues_and_accumulation() {
     let d = dev();
@@ -175,18 +200,7 @@ fn f16_outputs_epilogues_and_accumulation() {
     // Accumulation: a second backward adds its dW = x^T g into the f32 gradient (the
     // matmul kernel's accumulate path with f16 operands).
     let wl = w.upload(d).requires_grad();
-    let (g1, g2) = (
-        Arr::rand(&mut rng, &[m, n], -1.0, 1.0),
-        Arr::rand(&mut rng, &[m, n], -1.0, 1.0),
-    );
-    for g in [&g1, &g2] {
-        let y = autocast(true, || xt.matmul(&wl)).unwrap();
-        y.backward_with(&g.upload(d)).unwrap();
-    }
-    let xr = round_f16(&x).t();
-    let want = xr
-        .matmul(&round_f16(&g1))
-        .zip(&xr.matmul(&round_f16(&g2)), |a, b| a + b);
+    let want = backward_twice(d, &mut rng, &x, &xt, &wl, n);
     check(
         &wl.grad().unwrap(),
         &want,
@@ -315,18 +329,7 @@ fn f16_products_over_whole_tiles_write_and_accumulate() {
     let w = Arr::rand(&mut rng, &[m, n], -1.0, 1.0);
     let wl = w.upload(d).requires_grad();
     let xt = x.upload(d);
-    let (g1, g2) = (
-        Arr::rand(&mut rng, &[t, n], -1.0, 1.0),
-        Arr::rand(&mut rng, &[t, n], -1.0, 1.0),
-    );
-    for g in [&g1, &g2] {
-        let y = autocast(true, || xt.matmul(&wl)).unwrap();
-        y.backward_with(&g.upload(d)).unwrap();
-    }
-    let xr = round_f16(&x).t();
-    let want = xr
-        .matmul(&round_f16(&g1))
-        .zip(&xr.matmul(&round_f16(&g2)), |a, b| a + b);
+    let want = backward_twice(d, &mut rng, &x, &xt, &wl, n);
     // Two sums of 300 products each: f32 rounding reaches 1.2e-5 elementwise; compared whole.
     check_rel_norm(
         &wl.grad().unwrap(),

@@ -195,7 +195,7 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
         "variants: 2 fragment sizes x (matmul: 4 tiles x acc x 3 epilogues x the operand \
          accesses of the 5 type sets (6 ways to read an f16 operand, 4 an f32 one: f16 x f16, \
          f32 x f32, and three with one of each), and direct stores: 4 tiles x acc x the \
-         accesses of the 4 type sets with an f32 C (both operands read the same way); \
+         accesses of the 4 type sets with an f32 C (A's and B's ways paired in order); \
          attention: 3 head dims x 7 pass and accumulate variants; 2 roofs)"
     );
 }

@@ -56,15 +56,6 @@ fn fold(acc: f32, v: f32) -> f32 {
     }
 }
 
-// Two partial results folded together (sums of squares combine as sums).
-fn combine(a: f32, b: f32) -> f32 {
-    switch COMBINE {
-        case 1u: { return max(a, b); }
-        case 2u: { return min(a, b); }
-        default: { return a + b; }
-    }
-}
-
 fn kept_offset(i: u32) -> u32 {
     var rem = i;
     var off = p.in_offset;
@@ -166,7 +157,7 @@ fn reduce_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if (phase == 0u && c < p.out_numel) {
         var total = col_part[lid];
         for (var q = 1u; q < RED_WG / COL_LANES; q++) {
-            total = combine(total, col_part[lid + q * COL_LANES]);
+            total = red_combine(total, col_part[lid + q * COL_LANES], COMBINE); // squares combine as sums
         }
         store(p.out_offset + wid.y * p.out_numel + c, total * p.scale);
     }

@@ -192,6 +192,7 @@ pub fn run(args: &Args) -> Result<()> {
             _ => roofs.fma_tflops,
         };
         let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
+        let achieved = tflops(&key, ms);
         rows.push(Row {
             m,
             n,
@@ -205,9 +206,9 @@ pub fn run(args: &Args) -> Result<()> {
             dtype: name,
             kernel,
             ms,
-            tflops: tflops(&key, ms),
+            tflops: achieved,
             gbps,
-            of_compute_roof: tflops(&key, ms) / compute_roof,
+            of_compute_roof: achieved / compute_roof,
             of_copy: gbps / roofs.copy_gbps,
             tiles,
             default_ms: search.as_ref().and_then(Search::default_ms),

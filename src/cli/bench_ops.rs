@@ -9,7 +9,7 @@ use std::time::Instant;
 use serde::Serialize;
 use wgrad::kernels::tuning::ProductKey;
 use wgrad::ops::matmul_variant;
-use wgrad::profile::ceilings::{self, gpu_ms, Ceilings};
+use wgrad::profile::ceilings::{self, gpu_ms as time_ms, Ceilings};
 use wgrad::{Device, Result, Tensor};
 
 #[derive(clap::Args)]
@@ -85,11 +85,6 @@ struct Report {
     chain: ChainRow,
     eager_chain: ChainRow,
     pool: PoolRow,
-}
-
-/// Median GPU milliseconds of what `f` records (see `ceilings::gpu_ms`).
-fn time_ms(device: &Device, reps: usize, f: impl FnMut() -> Result<Tensor>) -> Result<f64> {
-    gpu_ms(device, reps, f)
 }
 
 fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<MatmulRow>> {

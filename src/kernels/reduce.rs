@@ -73,6 +73,17 @@ pub enum ReduceOp {
     SumSquares = 3,
 }
 
+impl ReduceOp {
+    /// How partial results of `self` fold together: squares were taken when the partials were
+    /// made, so sums of squares combine as sums.
+    pub fn combine(self) -> ReduceOp {
+        match self {
+            ReduceOp::SumSquares => ReduceOp::Sum,
+            other => other,
+        }
+    }
+}
+
 /// `acc`: add into the output (gradient accumulation) instead of overwriting it.
 pub fn spec(op: ReduceOp, acc: bool) -> Spec {
     Spec::new().u32("OP", op as u32).bool("ACC", acc)

@@ -34,11 +34,17 @@ pub struct EvalReport {
     pub sequences: usize,
 }
 
-/// Chunks per batch for chunks of `seq` tokens over a vocabulary of `vocab`, on an adapter
-/// whose storage bindings hold `max_binding` bytes.
-pub fn eval_batch_size(seq: usize, vocab: usize, max_binding: u64) -> usize {
+/// Chunks per batch for chunks of `seq` tokens through `model`: its logits within one storage
+/// binding of its adapter (and EVAL_LOGITS_BYTES).
+pub fn eval_batch_size(model: &Gpt2, seq: usize) -> usize {
+    let max_binding = model
+        .params
+        .device()
+        .gpu()
+        .limits
+        .max_storage_buffer_binding_size;
     let bytes = EVAL_LOGITS_BYTES.min(usize::try_from(max_binding).unwrap_or(usize::MAX));
-    (bytes / (seq.saturating_sub(1).max(1) * vocab * 4)).clamp(1, MAX_EVAL_BATCH)
+    (bytes / (seq.saturating_sub(1).max(1) * model.config.vocab_size * 4)).clamp(1, MAX_EVAL_BATCH)
 }
 
 /// The loss and perplexity of `model` on `tokens` cut into chunks of `seq` tokens (2 <= seq
@@ -79,13 +85,7 @@ pub fn evaluate_text(
             reason: format!("the text holds {n} tokens, fewer than one sequence of {seq}"),
         });
     }
-    let limit = model
-        .params
-        .device()
-        .gpu()
-        .limits
-        .max_storage_buffer_binding_size;
-    let batch = eval_batch_size(seq, model.config.vocab_size, limit);
+    let batch = eval_batch_size(model, seq);
     evaluate(model, data.tokens(), seq, batch)
 }
 

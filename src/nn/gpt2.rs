@@ -183,13 +183,8 @@ impl Gpt2 {
     /// The token embeddings (N, C) of ids (N) (a u32 tensor made from host data, for backward).
     pub fn embed_tokens(&self, ids: &Tensor) -> Result<Tensor> {
         let shards = self.wte_shards()?;
-        match shards.as_slice() {
-            [wte] => wte.tensor.index_select(0, ids),
-            _ => {
-                let tables: Vec<&Tensor> = shards.iter().map(|s| s.tensor).collect();
-                Tensor::index_select_shards(&tables, ids)
-            }
-        }
+        let tables: Vec<&Tensor> = shards.iter().map(|s| s.tensor).collect();
+        Tensor::index_select_shards(&tables, ids)
     }
 
     /// The LM head tied to wte: logits (..., V) of x (..., C), f32.

@@ -181,9 +181,6 @@ fn scatter_rows(
     } else {
         None
     };
-    if csr.n_rows == 0 {
-        return Ok(());
-    }
     let Some(out_row_stride) = out_row_stride else {
         let t = Tensor::zeros(g.device(), dx.shape())?;
         scatter_rows(g, csr, csr_tensor, &t, true)?;

@@ -235,10 +235,7 @@ impl Tensor {
             &[part.storage(), self.storage()],
             [col_groups, chunks as u32, 1],
         );
-        let combine = match op {
-            ReduceOp::SumSquares => ReduceOp::Sum,
-            other => other,
-        };
+        let combine = op.combine();
         dev.record(
             &reduce::REDUCE_COLS,
             &reduce::spec(combine, acc),
@@ -353,11 +350,7 @@ impl Tensor {
                 ..Default::default()
             };
             // Stage 2 combines partials: squares were already taken in stage 1.
-            let stage2_op = if op == ReduceOp::SumSquares {
-                ReduceOp::Sum
-            } else {
-                op
-            };
+            let stage2_op = op.combine();
             device.record(
                 &reduce::REDUCE_DIMS,
                 &reduce::spec(stage2_op, false),

@@ -57,14 +57,8 @@ impl MatmulTShardsBackward {
             }
             let g_i = part(i)?;
             ctx.put_with(i + 1, |out| {
-                let (target, acc) = match out {
-                    Out::New => (
-                        Tensor::uninit(g.device(), shard.shape(), DType::F32, "matmul_t_shards")?,
-                        false,
-                    ),
-                    Out::Write(t) => (t.clone(), false),
-                    Out::Acc(t) => (t.clone(), true),
-                };
+                let (target, acc) =
+                    out.resolve("matmul_t_shards", g.device(), shard.shape(), &[])?;
                 let tt = target.t()?; // (K, N_i)
                 xt.matmul_into(&g_i, if acc { Out::Acc(&tt) } else { Out::Write(&tt) })?;
                 Ok(target)

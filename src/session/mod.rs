@@ -265,18 +265,7 @@ impl TrainSession {
             self.data.held_out_batches(1, self.options.seq)?; // the error naming both lengths
         }
         let model = &self.trainer.model;
-        let limit = model
-            .params
-            .device()
-            .gpu()
-            .limits
-            .max_storage_buffer_binding_size;
-        mean_loss(
-            model,
-            held,
-            chunk,
-            eval_batch_size(chunk, model.config.vocab_size, limit),
-        )
+        mean_loss(model, held, chunk, eval_batch_size(model, chunk))
     }
 
     /// Writes a checkpoint of the current step into `dir`.
