@@ -580,7 +580,24 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
         }
         let _ = writeln!(w, "    }}");
     }
-    let _ = writeln!(w, "}}\n\nfn zero_acc() {{");
+    // WGRAD_COOP_PAD_SMEM=BYTES (a measurement switch, like WGRAD_COOP_ABLATE) declares that
+    // much more workgroup memory, touched so the compiler keeps it: how the time moves with the
+    // workgroup memory tells how many workgroups share a core (PROFILING.md).
+    let pad: u32 = std::env::var("WGRAD_COOP_PAD_SMEM")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let _ = writeln!(w, "}}");
+    if pad >= 4 {
+        let _ = writeln!(w, "\nvar<workgroup> pad_sh: array<u32, {}>;", pad / 4);
+    }
+    let _ = writeln!(w, "\nfn zero_acc() {{");
+    if pad >= 4 {
+        let _ = writeln!(
+            w,
+            "    if (p.k == 0xffffffffu) {{\n        pad_sh[p.m] = 1u;\n    }}"
+        );
+    }
     for f in 0..fm * fn_ {
         let _ = writeln!(w, "    acc{f} = MC();");
     }
