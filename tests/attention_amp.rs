@@ -68,3 +68,36 @@ fn autocast_attention_matches_the_f32_reference() -> Result<()> {
     }
     Ok(())
 }
+
+/// Two backward passes add their gradients into the same leaf: the second one's dQ, dK and dV
+/// kernels accumulate into the existing gradient, through their views of it (rows of a whole
+/// tile go straight from the accumulators; the edge of T, and D under its bucket, through the
+/// scratch).
+#[test]
+fn autocast_attention_gradients_accumulate() -> Result<()> {
+    let d = dev();
+    for shape in [[1, 2, 130, 64], [1, 2, 33, 40]] {
+        let [b, h, t, hd] = shape;
+        let mut r = rng(&format!("amp attention accumulate {shape:?}"));
+        let x0 = Arr::rand(&mut r, &[b, t, 3 * h * hd], -1.0, 1.0).upload(d);
+        let w = Arr::rand(&mut r, &[b, h, t, hd], -1.0, 1.0).upload(d);
+        let (_, g_ref) = run(&x0, &w, shape, false)?;
+        let x = x0.detach().requires_grad();
+        for _ in 0..2 {
+            let split = x.reshape(&[b, t, 3, h, hd])?;
+            let part = |i| -> Result<Tensor> {
+                split
+                    .narrow(2, i, 1)?
+                    .reshape(&[b, t, h, hd])?
+                    .transpose(1, 2)
+            };
+            let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+            let o = autocast(true, || q.causal_attention(&k, &v))?;
+            o.mul(&w)?.sum_all()?.backward()?;
+        }
+        let g = x.grad().expect("reached by backward").to_vec()?;
+        let twice: Vec<f64> = g_ref.iter().map(|&x| 2.0 * x as f64).collect();
+        assert_close(&g, &twice, HALF_TOL, &format!("2 x d(qkv) {shape:?}"));
+    }
+    Ok(())
+}

@@ -209,6 +209,35 @@ fn f16_outputs_epilogues_and_accumulation() {
     );
 }
 
+/// A bias product into f32 on cooperative matrices: the workgroup tiles wholly inside C start
+/// their accumulators from the bias and store straight to C; the tiles on the edge (150 rows
+/// is not a whole number of tiles) go through the scratch epilogue. Both must agree with f64.
+#[test]
+fn bias_products_into_f32_inside_and_on_the_edge() {
+    let d = dev();
+    let mut rng = rng("f16 matmul bias into f32");
+    for (m, k, n) in [(150, 96, 160), (256, 64, 192)] {
+        let x = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
+        let w = Arr::rand(&mut rng, &[k, n], -0.3, 0.3);
+        let bias = Arr::rand(&mut rng, &[n], -0.5, 0.5);
+        let want = round_f16(&x)
+            .matmul(&round_f16(&w))
+            .zip(&bias.reshape(&[1, n]).broadcast_to(&[m, n]), |p, b| p + b);
+        let (xt, wt, bt) = (x.upload(d), upload_as(d, &w, DType::F16), bias.upload(d));
+        let y = autocast(true, || {
+            xt.linear_as(&wt, Some(&bt), Activation::None, DType::F32)
+        })
+        .unwrap();
+        assert_eq!(y.dtype(), DType::F32);
+        check(
+            &y,
+            &want,
+            ROUNDED_TOL,
+            &format!("bias product {m}x{k}x{n} into f32"),
+        );
+    }
+}
+
 #[test]
 fn autocast_backward_products_against_f64() {
     let d = dev();

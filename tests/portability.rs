@@ -191,11 +191,45 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     }
     assert_eq!(
         count,
-        2 * (4 * 2 * 3 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + 4 * 2 * (6 + 3 * 4) + 3 * 7 + 2),
+        2 * (4 * 2 * 3 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + 4 * 2 * 2 * (6 + 3 * 4) + 3 * 7 + 2),
         "variants: 2 fragment sizes x (matmul: 4 tiles x acc x 3 epilogues x the operand \
          accesses of the 5 type sets (6 ways to read an f16 operand, 4 an f32 one: f16 x f16, \
-         f32 x f32, and three with one of each), and direct stores: 4 tiles x acc x the \
-         accesses of the 4 type sets with an f32 C (A's and B's ways paired in order); \
+         f32 x f32, and three with one of each), and direct stores: 4 tiles x acc x plain and bias x \
+         the accesses of the 4 type sets with an f32 C (A's and B's ways paired in order); \
          attention: 3 head dims x 7 pass and accumulate variants; 2 roofs)"
     );
+}
+
+/// The cooperative-matrix attention's `Tile::workgroup_bytes` (what picks its blocking, and
+/// decides how many workgroups share a core) is what its WGSL declares, for every pass, head
+/// dim and adapter.
+#[test]
+fn cooperative_attention_workgroup_bytes_match_the_wgsl() {
+    use wgrad::kernels::attention::{Pass, HEAD_DIMS};
+    use wgrad::kernels::attention_coop::{kernel, spec, tile};
+    use wgrad::kernels::matmul_coop::Coop;
+    for (coop, limit) in [(Coop::NVIDIA, 49152), (Coop::APPLE, 32768)] {
+        for dmax in HEAD_DIMS {
+            for pass in [Pass::Forward, Pass::Dq, Pass::Dkv] {
+                let t = tile(pass, dmax, coop, limit).expect("a tile fits");
+                let src = compose_source(
+                    kernel(pass).family,
+                    &spec(pass, t, coop, false, false),
+                    true,
+                );
+                let module = naga::front::wgsl::parse_str(&src).expect("parses");
+                let declared: u32 = module
+                    .global_variables
+                    .iter()
+                    .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+                    .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()))
+                    .sum();
+                assert_eq!(
+                    t.workgroup_bytes(pass, coop),
+                    declared,
+                    "{pass:?} D {dmax} {t:?} on {coop:?}"
+                );
+            }
+        }
+    }
 }

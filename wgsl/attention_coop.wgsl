@@ -12,23 +12,26 @@
 //
 // Workgroup mapping: SG subgroups of SGS lanes; subgroup sg owns FS rows of the workgroup's
 // ROWS = SG * FS (queries for attn_coop_fwd and attn_coop_dq, keys for attn_coop_dkv) and loops
-// over blocks of BC rows of the other side. Each product of a block runs one FS x FS output
+// over blocks of BC rows of the other side. The scores of a block (S, dP) run one FS x FS
 // fragment at a time (its accumulator a single variable: nothing indexes coop matrices at run
-// time) and is stored to the subgroup's f32 scratch rows; then the subgroup's lanes, LPR = SGS /
-// FS per row, each owning W / LPR consecutive columns of its row, do the elementwise work
-// (mask, exp, rescale) and accumulate the outputs in registers. Row statistics are combined
-// across a row's lanes with subgroup shuffles.
-// Tiles, f16, rows padded by 8 halves: q_sh and do_sh hold the query side (scale * q, dO),
-// k_sh and v_sh the key side, [row][d] with row stride DS; fragments are loaded row-major
-// (coopLoadT) as A or B operands, or column-major (coopLoad) for the transposed operands
-// (k^T, v^T, q^T, dO^T). pp_sh and ds_sh hold P and dS in f16 for the products that read them.
+// time) and are stored to the subgroup's f32 scratch rows; then the subgroup's lanes, LPR =
+// SGS / FS per row, each owning BC / LPR consecutive columns of its row, do the elementwise
+// work (mask, exp, rescale). Row statistics are combined across a row's lanes with subgroup
+// shuffles. The forward's O, rescaled every block, is accumulated by the lanes from the
+// scratch; the backward's dQ, dK and dV stay in accumulators across blocks, the subgroup's own
+// rows' operands (q and dO, k and v) in fragments (the OWN snippet), so their tiles take little
+// workgroup memory and two workgroups share a core (NVIDIA's Vulkan driver gives a core about
+// 48 KiB of workgroup memory in all; PROFILING.md).
+// Tiles, f16, rows padded by 8 halves, regions of one array h_sh (see its declaration); fragments
+// are loaded row-major (coopLoadT) as A or B operands, or column-major (coopLoad) for the
+// transposed operands (k^T, v^T, q^T, dO^T).
 // Grid: x over blocks of ROWS (attn_coop_fwd and attn_coop_dq numbered from the last queries,
 // which have the most keys), y over b * H + h.
 //
 // Specialization: KIND (0 fwd, 1 dq, 2 dkv), FS, SGS, SG, BC, DMAX (head dim padded to a
 // multiple of FS), DPARTS (the column parts the [row][d] outputs pass the scratch in, so it is
-// DMAX / DPARTS wide), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
-// ACC_DK, ACC_DV (add into the target instead of overwriting it).
+// DMAX / DPARTS wide; forward only), MA, MB, MC (the f16 A, B and f32 accumulator fragment
+// types), ACC_DQ, ACC_DK, ACC_DV (add into the target instead of overwriting it); snippet OWN.
 
 enable wgpu_cooperative_matrix;
 
@@ -69,29 +72,39 @@ const BWD: bool = KIND != KIND_FWD;
 const WG: u32 = SG * SGS;
 const ROWS: u32 = SG * FS;
 const LPR: u32 = SGS / FS;                 // lanes per scratch row
-const QROWS: u32 = select(ROWS, BC, KIND == KIND_DKV);
-const KROWS: u32 = select(BC, ROWS, KIND == KIND_DKV);
 const DS: u32 = DMAX + 8u;                 // tile row stride (halves)
 const PS: u32 = BC + 8u;                   // P / dS row stride (halves)
 // Scratch row strides (f32), padded by 4 words: the LPR lanes of a row read consecutive words
 // and the rows of a fragment fall in different banks (an unpadded stride of 32 or 64 words put
-// all 16 rows of a fragment in one bank).
+// all 16 rows of a fragment in one bank). The forward passes O through the scratch (DPARTS
+// column parts of DPW); the backward passes keep dQ, dK, dV in accumulators and only their
+// scores (and, on the edge of T or D, one output fragment at a time) go through it.
 const DPW: u32 = DMAX / DPARTS;            // columns of a [row][d] output per scratch part
-const SW: u32 = max(BC, DPW) + 4u;
+const SW: u32 = select(max(BC, DPW), BC, BWD) + 4u;
 const SW2: u32 = BC + 4u;
 const BW: u32 = BC / LPR;                  // a lane's columns of a [row][BC] block
 const DW: u32 = DMAX / LPR;                // a lane's columns of a [row][d] block
+const FE: u32 = FS * FS;                   // elements of a fragment
 // The score of a masked pair: finite, so exp(NEG_BIG - m) is 0 and exp(m_old - m_new) is
 // never NaN (every query row has key 0 in its first block, so m is finite after it).
 const NEG_BIG: f32 = -1e30;
 
-var<workgroup> q_sh: array<f16, QROWS * DS>;                        // scale * q
-var<workgroup> k_sh: array<f16, KROWS * DS>;
-var<workgroup> v_sh: array<f16, KROWS * DS>;
-var<workgroup> do_sh: array<f16, select(1u, QROWS * DS, BWD)>;      // dO
-var<workgroup> pp_sh: array<f16, select(1u, ROWS * PS, KIND != KIND_DQ)>; // P (dkv: P^T)
-var<workgroup> ds_sh: array<f16, select(1u, ROWS * PS, BWD)>;      // dS (dkv: dS^T)
-var<workgroup> sc: array<f32, ROWS * SW>;                           // fragments out
+// The f16 tiles, regions of one array (halves), each [row][d] with row stride DS or, for P and
+// dS, [row][key] with row stride PS:
+// - forward: q (ROWS rows), k and v (BC rows each), P (ROWS rows);
+// - dQ: k and v (BC rows), dS (ROWS rows); before the loop the workgroup's own q, then its dO,
+//   pass through the start of the array on their way into the subgroups' fragments;
+// - dK/dV: q and dO (BC rows), P^T and dS^T (ROWS rows); before the loop the own k, then v.
+const OWN_N: u32 = select(0u, ROWS * DS, BWD);
+const Q_OFF: u32 = 0u;
+const K_OFF: u32 = select(0u, ROWS * DS, KIND == KIND_FWD);
+const V_OFF: u32 = K_OFF + BC * DS;
+const DO_OFF: u32 = select(0u, BC * DS, KIND == KIND_DKV);
+const PP_OFF: u32 = select(2u * BC * DS, V_OFF + BC * DS, KIND == KIND_FWD);
+const DS_OFF: u32 = select(PP_OFF + ROWS * PS, 2u * BC * DS, KIND == KIND_DQ);
+const BLOCK_N: u32 = select(DS_OFF, PP_OFF, KIND == KIND_FWD) + ROWS * PS;
+var<workgroup> h_sh: array<f16, max(OWN_N, BLOCK_N)>;
+var<workgroup> sc: array<f32, ROWS * SW>;                           // scores / fragments out
 var<workgroup> sc2: array<f32, select(1u, ROWS * SW2, BWD)>;        // dP (dkv: dP^T)
 var<workgroup> lse_c: array<f32, select(1u, BC, KIND == KIND_DKV)>; // the block's queries
 var<workgroup> dvec_c: array<f32, select(1u, BC, KIND == KIND_DKV)>;
@@ -109,54 +122,54 @@ fn head(view: vec4<u32>, bh: u32) -> u32 {
 }
 
 // ------------------------------------------------------------------------------------------
-// Staging: rows r0.. of a (B, H, T, D) view into a tile, 4 elements a load, f32 -> f16, zero
-// past T and D (x `scale` for q).
+// Staging: `rows` rows r0.. of a (B, H, T, D) view into the tile at `off` of h_sh, 4 elements
+// a load, f32 -> f16, zero past T and D (x `scale` for q). Branch-free (loads under per-lane
+// branches are not overlapped): outside the view a lane reads vector 0 and selects zero.
 
-fn stage_q(bh: u32, r0: u32, lid: u32) {
+fn put4(off: u32, r: u32, d: u32, x: vec4<f32>, ok: bool) {
+    let h = vec4<f16>(select(vec4<f32>(), x, ok));
+    for (var c = 0u; c < 4u; c++) {
+        h_sh[off + r * DS + d + c] = h[c];
+    }
+}
+
+fn stage_q(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
     let base = head(p.q, bh);
-    for (var e = lid; e < QROWS * DMAX / 4u; e += WG) {
+    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
         let r = e / (DMAX / 4u);
         let d = (e % (DMAX / 4u)) * 4u;
-        // Branch-free (loads under per-lane branches are not overlapped): outside the view a
-        // lane reads vector 0 and selects zero.
         let ok = r0 + r < p.t && d < p.d;
-        let x = q[select(0u, (base + (r0 + r) * p.q.w + d) / 4u, ok)] * p.scale;
-        let h = vec4<f16>(select(vec4<f32>(), x, ok));
-        for (var c = 0u; c < 4u; c++) {
-            q_sh[r * DS + d + c] = h[c];
-        }
+        put4(off, r, d, q[select(0u, (base + (r0 + r) * p.q.w + d) / 4u, ok)] * p.scale, ok);
     }
 }
 
-fn stage_do(bh: u32, r0: u32, lid: u32) {
+fn stage_do(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
     let base = head(p.dout, bh);
-    for (var e = lid; e < QROWS * DMAX / 4u; e += WG) {
+    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
         let r = e / (DMAX / 4u);
         let d = (e % (DMAX / 4u)) * 4u;
         let ok = r0 + r < p.t && d < p.d;
-        let x = dout[select(0u, (base + (r0 + r) * p.dout.w + d) / 4u, ok)];
-        let h = vec4<f16>(select(vec4<f32>(), x, ok));
-        for (var c = 0u; c < 4u; c++) {
-            do_sh[r * DS + d + c] = h[c];
-        }
+        put4(off, r, d, dout[select(0u, (base + (r0 + r) * p.dout.w + d) / 4u, ok)], ok);
     }
 }
 
-fn stage_kv(bh: u32, r0: u32, lid: u32) {
-    let kb = head(p.k, bh);
-    let vb = head(p.v, bh);
-    for (var e = lid; e < KROWS * DMAX / 4u; e += WG) {
+fn stage_k(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
+    let base = head(p.k, bh);
+    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
         let r = e / (DMAX / 4u);
         let d = (e % (DMAX / 4u)) * 4u;
         let ok = r0 + r < p.t && d < p.d;
-        let x = k[select(0u, (kb + (r0 + r) * p.k.w + d) / 4u, ok)];
-        let y = v[select(0u, (vb + (r0 + r) * p.v.w + d) / 4u, ok)];
-        let hx = vec4<f16>(select(vec4<f32>(), x, ok));
-        let hy = vec4<f16>(select(vec4<f32>(), y, ok));
-        for (var c = 0u; c < 4u; c++) {
-            k_sh[r * DS + d + c] = hx[c];
-            v_sh[r * DS + d + c] = hy[c];
-        }
+        put4(off, r, d, k[select(0u, (base + (r0 + r) * p.k.w + d) / 4u, ok)], ok);
+    }
+}
+
+fn stage_v(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
+    let base = head(p.v, bh);
+    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
+        let r = e / (DMAX / 4u);
+        let d = (e % (DMAX / 4u)) * 4u;
+        let ok = r0 + r < p.t && d < p.d;
+        put4(off, r, d, v[select(0u, (base + (r0 + r) * p.v.w + d) / 4u, ok)], ok);
     }
 }
 
@@ -164,90 +177,95 @@ fn stage_kv(bh: u32, r0: u32, lid: u32) {
 // Fragments: A operands (rows x inner) and B operands (inner x cols), row-major from a
 // [row][inner] tile or column-major (the transpose) from a [col][inner] tile.
 
+fn a_tile(off: u32, r0: u32, d0: u32) -> MA {
+    let i = off + r0 * DS + d0;
+    let s = DS;
+    return coopLoadT<MA>(&h_sh[i], s);
+}
+
 fn a_q(r0: u32, d0: u32) -> MA {
-    let i = r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MA>(&q_sh[i], s);
-}
-
-fn a_do(r0: u32, d0: u32) -> MA {
-    let i = r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MA>(&do_sh[i], s);
-}
-
-fn a_k(r0: u32, d0: u32) -> MA {
-    let i = r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MA>(&k_sh[i], s);
-}
-
-fn a_v(r0: u32, d0: u32) -> MA {
-    let i = r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MA>(&v_sh[i], s);
+    return a_tile(Q_OFF, r0, d0);
 }
 
 fn a_pp(r0: u32, c0: u32) -> MA {
-    let i = r0 * PS + c0;
+    let i = PP_OFF + r0 * PS + c0;
     let s = PS;
-    return coopLoadT<MA>(&pp_sh[i], s);
+    return coopLoadT<MA>(&h_sh[i], s);
 }
 
 fn a_ds(r0: u32, c0: u32) -> MA {
-    let i = r0 * PS + c0;
+    let i = DS_OFF + r0 * PS + c0;
     let s = PS;
-    return coopLoadT<MA>(&ds_sh[i], s);
+    return coopLoadT<MA>(&h_sh[i], s);
 }
 
-// (d0.., rows c0..) of q^T, k^T, v^T, dO^T: column-major from the [row][d] tile.
-fn bt_q(c0: u32, d0: u32) -> MB {
-    let i = c0 * DS + d0;
+// (d0.., rows c0..) of the transpose of the [row][d] tile at `off`: column-major.
+fn bt_tile(off: u32, c0: u32, d0: u32) -> MB {
+    let i = off + c0 * DS + d0;
     let s = DS;
-    return coopLoad<MB>(&q_sh[i], s);
+    return coopLoad<MB>(&h_sh[i], s);
+}
+
+fn bt_q(c0: u32, d0: u32) -> MB {
+    return bt_tile(Q_OFF, c0, d0);
 }
 
 fn bt_k(c0: u32, d0: u32) -> MB {
-    let i = c0 * DS + d0;
-    let s = DS;
-    return coopLoad<MB>(&k_sh[i], s);
+    return bt_tile(K_OFF, c0, d0);
 }
 
 fn bt_v(c0: u32, d0: u32) -> MB {
-    let i = c0 * DS + d0;
-    let s = DS;
-    return coopLoad<MB>(&v_sh[i], s);
+    return bt_tile(V_OFF, c0, d0);
 }
 
 fn bt_do(c0: u32, d0: u32) -> MB {
-    let i = c0 * DS + d0;
-    let s = DS;
-    return coopLoad<MB>(&do_sh[i], s);
+    return bt_tile(DO_OFF, c0, d0);
 }
 
-// (rows r0.., d0..) of q, k, dO as B operands: row-major from the [row][d] tile.
-fn b_q(r0: u32, d0: u32) -> MB {
-    let i = r0 * DS + d0;
+// (rows r0.., d0..) of the [row][d] tile at `off` as a B operand: row-major.
+fn b_tile(off: u32, r0: u32, d0: u32) -> MB {
+    let i = off + r0 * DS + d0;
     let s = DS;
-    return coopLoadT<MB>(&q_sh[i], s);
+    return coopLoadT<MB>(&h_sh[i], s);
+}
+
+fn b_q(r0: u32, d0: u32) -> MB {
+    return b_tile(Q_OFF, r0, d0);
 }
 
 fn b_k(r0: u32, d0: u32) -> MB {
-    let i = r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MB>(&k_sh[i], s);
+    return b_tile(K_OFF, r0, d0);
 }
 
 fn b_v(r0: u32, d0: u32) -> MB {
-    let i = r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MB>(&v_sh[i], s);
+    return b_tile(V_OFF, r0, d0);
 }
 
 fn b_do(r0: u32, d0: u32) -> MB {
-    let i = r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MB>(&do_sh[i], s);
+    return b_tile(DO_OFF, r0, d0);
+}
+
+// The pass's B operands: of S (k^T for dQ, (scale q)^T for dK/dV), of dP (v^T, dO^T) and of
+// the dS product into the first output (k, scale q).
+fn bt_s(c0: u32, d0: u32) -> MB {
+    if (KIND == KIND_DKV) {
+        return bt_q(c0, d0);
+    }
+    return bt_k(c0, d0);
+}
+
+fn bt_dp(c0: u32, d0: u32) -> MB {
+    if (KIND == KIND_DKV) {
+        return bt_do(c0, d0);
+    }
+    return bt_v(c0, d0);
+}
+
+fn b_out(c0: u32, d0: u32) -> MB {
+    if (KIND == KIND_DKV) {
+        return b_q(c0, d0);
+    }
+    return b_k(c0, d0);
 }
 
 fn store_sc(acc: MC, r0: u32, c0: u32) {
@@ -291,6 +309,46 @@ fn row_sum(x: f32) -> f32 {
 }
 
 // ------------------------------------------------------------------------------------------
+// The backward passes keep their outputs (dQ; dK and dV) in accumulators across blocks. The
+// OWN snippet, generated per DMAX, holds them and the subgroup's own rows' fragments as
+// separate variables: `own_a(r0)` / `own_b(r0)` load those fragments (q and dO, or k and v)
+// from the start of h_sh; `s_dp(r0, c0)` stores a block's S and dP fragments (S^T and dP^T
+// for dK/dV) to the scratch; `add_out(r0)` adds the block's products into the accumulators;
+// `zero_out()`, `load_out`, `store_out` and `edge_store` begin and end them; `bt_s`, `bt_dp`
+// and `b_out` pick the pass's operands. A workgroup whose rows are all inside T,
+// with D = DMAX and the output views on 16-byte boundaries, loads (when accumulating) and
+// stores its accumulators straight from and to the outputs (`direct`); otherwise each output
+// fragment passes the subgroup's scratch rows and its lanes write what is inside T and D.
+
+// The first output (dQ, or dK) and whether it is accumulated into.
+const ACC_A: bool = select(ACC_DK, ACC_DQ, KIND == KIND_DQ);
+
+fn view_a() -> vec4<u32> {
+    return select(p.dk, p.dq, KIND == KIND_DQ);
+}
+
+// The fragment in the subgroup's scratch rows r0.. to rows row0 + r0.., columns d0.. of output
+// `which` (0: out_a, 1: out_b) through `view`, where inside T and D; `acc` adds into it.
+fn edge_out(which: u32, view: vec4<u32>, acc: bool, bh: u32, row0: u32, r0: u32, d0: u32,
+            lane: u32) {
+    for (var e = lane; e < FE; e += SGS) {
+        let r = e / FS;
+        let c = e % FS;
+        let t = row0 + r0 + r;
+        let d = d0 + c;
+        if (t < p.t && d < p.d) {
+            let o = at(view, bh, t, d);
+            let x = sc[(r0 + r) * SW + c];
+            if (which == 0u) {
+                out_a[o] = select(x, out_a[o] + x, acc);
+            } else {
+                out_b[o] = select(x, out_b[o] + x, acc);
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
 // Forward: O and lse for ROWS queries.
 
 @compute @workgroup_size(WG)
@@ -304,7 +362,7 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let part = lane % LPR;
     let qi = q0 + row;                // its query
 
-    stage_q(bh, q0, lid);
+    stage_q(bh, q0, ROWS, Q_OFF, lid);
     var m = NEG_BIG;
     var l = 0.0;
     var o: array<f32, DW>;            // O (unnormalized), columns part * DW ..
@@ -314,8 +372,9 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 
     let keys = min(q0 + ROWS, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        workgroupBarrier(); // the previous block is done with k_sh, v_sh
-        stage_kv(bh, k0, lid);
+        workgroupBarrier(); // the previous block is done with the k and v tiles
+        stage_k(bh, k0, BC, K_OFF, lid);
+        stage_v(bh, k0, BC, V_OFF, lid);
         workgroupBarrier();
         // S = (scale q) k^T, one fragment of keys at a time.
         for (var c0 = 0u; c0 < BC; c0 += FS) {
@@ -326,7 +385,7 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             store_sc(acc, r0, c0);
         }
         workgroupBarrier();
-        // Online softmax on this lane's columns of its row; P to pp_sh in f16.
+        // Online softmax on this lane's columns of its row; P to its tile in f16.
         var mx = m;
         for (var j = 0u; j < BW; j++) {
             let c = part * BW + j;
@@ -341,7 +400,7 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             let c = part * BW + j;
             let pc = exp(sc[row * SW + c] - mx);
             sum += pc;
-            pp_sh[row * PS + c] = f16(pc);
+            h_sh[PP_OFF + row * PS + c] = f16(pc);
         }
         l = l * alpha + row_sum(sum);
         m = mx;
@@ -394,8 +453,14 @@ fn attn_coop_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let part = lane % LPR;
     let qi = q0 + row;
 
-    stage_q(bh, q0, lid);
-    stage_do(bh, q0, lid);
+    // The subgroup's queries as fragments: scale * q, then dO.
+    stage_q(bh, q0, ROWS, 0u, lid);
+    workgroupBarrier();
+    own_a(r0);
+    workgroupBarrier();
+    stage_do(bh, q0, ROWS, 0u, lid);
+    workgroupBarrier();
+    own_b(r0);
     // D for this lane's query: its columns, then the row's lanes combined.
     var dpart = 0.0;
     var lse_i = 0.0;
@@ -413,66 +478,41 @@ fn attn_coop_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     if (qi < p.t && part == 0u) {
         out_b[bh * p.t + qi] = dvec;
     }
-    var dq: array<f32, DW>;           // dQ / scale, columns part * DW ..
-    for (var j = 0u; j < DW; j++) {
-        dq[j] = 0.0;
+    // (Computed here from the workgroup id: naga takes it as uniform, and cooperative
+    // operations need uniform control flow.)
+    let direct = q0 + ROWS <= p.t && p.d == DMAX && all(p.dq % vec4<u32>(4u) == vec4<u32>());
+    zero_out();
+    if (direct) {
+        load_out(bh, q0, r0);
     }
 
     let keys = min(q0 + ROWS, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        workgroupBarrier();
-        stage_kv(bh, k0, lid);
+        workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
+        stage_k(bh, k0, BC, K_OFF, lid);
+        stage_v(bh, k0, BC, V_OFF, lid);
         workgroupBarrier();
         // S = (scale q) k^T and dP = dO v^T.
         for (var c0 = 0u; c0 < BC; c0 += FS) {
-            var s = MC();
-            var dp = MC();
-            for (var d0 = 0u; d0 < DMAX; d0 += FS) {
-                s = coopMultiplyAdd(a_q(r0, d0), bt_k(c0, d0), s);
-                dp = coopMultiplyAdd(a_do(r0, d0), bt_v(c0, d0), dp);
-            }
-            store_sc(s, r0, c0);
-            store_sc2(dp, r0, c0);
+            s_dp(r0, c0);
         }
         workgroupBarrier();
-        // dS = P (dP - D), P = exp(S - lse) on unmasked pairs.
+        // dS = P (dP - D), P = exp(S - lse) on unmasked pairs; times scale, so that
+        // dQ = (scale dS) k.
         for (var j = 0u; j < BW; j++) {
             let c = part * BW + j;
             let valid = k0 + c <= qi && qi < p.t;
             let pc = select(0.0, exp(sc[row * SW + c] - lse_i), valid);
-            ds_sh[row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec));
+            h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec) * p.scale);
         }
         workgroupBarrier();
-        // dQ += dS k.
-        for (var h = 0u; h < DPARTS; h++) {
-            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
-                var acc = MC();
-                for (var c0 = 0u; c0 < BC; c0 += FS) {
-                    acc = coopMultiplyAdd(a_ds(r0, c0), b_k(c0, d0), acc);
-                }
-                store_sc(acc, r0, d0 - h * DPW);
-            }
-            workgroupBarrier();
-            add_part(&dq, h, row, part);
-            if (h + 1u < DPARTS) {
-                workgroupBarrier();
-            }
-        }
+        // dQ += (scale dS) k.
+        add_out(r0);
     }
-
-    if (qi < p.t) {
-        for (var j = 0u; j < DW; j++) {
-            let d = part * DW + j;
-            if (d < p.d) {
-                let o = at(p.dq, bh, qi, d);
-                let g = dq[j] * p.scale;
-                if (ACC_DQ) {
-                    out_a[o] = out_a[o] + g;
-                } else {
-                    out_a[o] = g;
-                }
-            }
-        }
+    if (direct) {
+        store_out(bh, q0, r0);
+    } else {
+        edge_store(bh, q0, r0, lane);
     }
 }
 
@@ -491,18 +531,26 @@ fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     let part = lane % LPR;
     let kj = k0 + row;                // this lane's key
 
-    stage_kv(bh, k0, lid);
-    var dk: array<f32, DW>;
-    var dv: array<f32, DW>;
-    for (var j = 0u; j < DW; j++) {
-        dk[j] = 0.0;
-        dv[j] = 0.0;
+    // The subgroup's keys as fragments: k, then v.
+    stage_k(bh, k0, ROWS, 0u, lid);
+    workgroupBarrier();
+    own_a(r0);
+    workgroupBarrier();
+    stage_v(bh, k0, ROWS, 0u, lid);
+    workgroupBarrier();
+    own_b(r0);
+    let direct = k0 + ROWS <= p.t && p.d == DMAX && all(p.dk % vec4<u32>(4u) == vec4<u32>())
+        && all(p.dv % vec4<u32>(4u) == vec4<u32>());
+    zero_out();
+    if (direct) {
+        load_out(bh, k0, r0);
     }
+
     // Queries before k0 see none of these keys.
     for (var q0 = (k0 / BC) * BC; q0 < p.t; q0 += BC) {
-        workgroupBarrier(); // the previous block is done with q_sh, do_sh, lse_c, dvec_c
-        stage_q(bh, q0, lid);
-        stage_do(bh, q0, lid);
+        workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or the own rows) is done
+        stage_q(bh, q0, BC, Q_OFF, lid);
+        stage_do(bh, q0, BC, DO_OFF, lid);
         for (var c = lid; c < BC; c += WG) {
             var l = 0.0;
             var dsum = 0.0;
@@ -515,14 +563,7 @@ fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         }
         workgroupBarrier();
         for (var c0 = 0u; c0 < BC; c0 += FS) {
-            var s = MC();
-            var dp = MC();
-            for (var d0 = 0u; d0 < DMAX; d0 += FS) {
-                s = coopMultiplyAdd(a_k(r0, d0), bt_q(c0, d0), s);
-                dp = coopMultiplyAdd(a_v(r0, d0), bt_do(c0, d0), dp);
-            }
-            store_sc(s, r0, c0);
-            store_sc2(dp, r0, c0);
+            s_dp(r0, c0);
         }
         workgroupBarrier();
         for (var j = 0u; j < BW; j++) {
@@ -530,60 +571,16 @@ fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
             let qc = q0 + c;
             let valid = kj <= qc && qc < p.t;
             let pc = select(0.0, exp(sc[row * SW + c] - lse_c[c]), valid);
-            pp_sh[row * PS + c] = f16(pc);
-            ds_sh[row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
+            h_sh[PP_OFF + row * PS + c] = f16(pc);
+            h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
         }
         workgroupBarrier();
-        // dV += P^T dO.
-        for (var h = 0u; h < DPARTS; h++) {
-            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
-                var acc = MC();
-                for (var c0 = 0u; c0 < BC; c0 += FS) {
-                    acc = coopMultiplyAdd(a_pp(r0, c0), b_do(c0, d0), acc);
-                }
-                store_sc(acc, r0, d0 - h * DPW);
-            }
-            workgroupBarrier();
-            add_part(&dv, h, row, part);
-            if (h + 1u < DPARTS) {
-                workgroupBarrier();
-            }
-        }
-        workgroupBarrier();
-        // dK += dS^T (scale q).
-        for (var h = 0u; h < DPARTS; h++) {
-            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
-                var acc = MC();
-                for (var c0 = 0u; c0 < BC; c0 += FS) {
-                    acc = coopMultiplyAdd(a_ds(r0, c0), b_q(c0, d0), acc);
-                }
-                store_sc(acc, r0, d0 - h * DPW);
-            }
-            workgroupBarrier();
-            add_part(&dk, h, row, part);
-            if (h + 1u < DPARTS) {
-                workgroupBarrier();
-            }
-        }
+        // dV += P^T dO, dK += dS^T (scale q).
+        add_out(r0);
     }
-
-    if (kj < p.t) {
-        for (var j = 0u; j < DW; j++) {
-            let d = part * DW + j;
-            if (d < p.d) {
-                let ok = at(p.dk, bh, kj, d);
-                let ov = at(p.dv, bh, kj, d);
-                if (ACC_DK) {
-                    out_a[ok] = out_a[ok] + dk[j];
-                } else {
-                    out_a[ok] = dk[j];
-                }
-                if (ACC_DV) {
-                    out_b[ov] = out_b[ov] + dv[j];
-                } else {
-                    out_b[ov] = dv[j];
-                }
-            }
-        }
+    if (direct) {
+        store_out(bh, k0, r0);
+    } else {
+        edge_store(bh, k0, r0, lane);
     }
 }

@@ -196,7 +196,8 @@ fn frag_b(k0: u32, n0: u32, stage: u32) -> MB {
     return coopLoad<MB>(&b_sh[i], s);
 }
 
-// `zero_acc()`, `load_acc(wid, sg)` (the accumulators from C), `product(wid, lid, sg)` (adds
+// `zero_acc()`, `load_acc(wid, sg)` (the accumulators from C), `bias_acc(wid, sg, lane)` (the
+// accumulators from the bias, broadcast down the rows), `product(wid, lid, sg)` (adds
 // the workgroup's tile of A @ B into the subgroup's accumulators), `spill(f, sg)` (accumulator f into the
 // subgroup's FS x FS f32 scratch tile, row-major) and `store_direct(wid, sg)` (every
 // accumulator straight to C) come with the generated snippet (see the launcher): the
@@ -259,12 +260,22 @@ fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
 }
 
-// C = A @ B + bias (bias indexed by column).
+// C = A @ B + bias (bias indexed by column). With C_DIRECT a tile inside C (not
+// accumulating) starts from the bias and is stored straight to C.
 @compute @workgroup_size(WG)
 fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    zero_acc();
+    let direct = C_DIRECT && !ACC && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
+    if (direct) {
+        bias_acc(wid, sg, lane);
+    } else {
+        zero_acc();
+    }
     product(wid, lid, sg);
+    if (direct) {
+        store_direct(wid, sg);
+        return;
+    }
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();

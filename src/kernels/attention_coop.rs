@@ -94,24 +94,26 @@ impl Tile {
     /// attention_coop.wgsl; the ones a pass does not use have one element).
     pub fn workgroup_bytes(&self, pass: Pass, coop: Coop) -> u32 {
         let rows = self.rows(coop);
-        let dkv = pass == Pass::Dkv;
         let bwd = pass != Pass::Forward;
-        let (qrows, krows) = if dkv {
-            (self.bc, rows)
-        } else {
-            (rows, self.bc)
+        let (ds, ps, bc) = (self.dmax + 8, self.bc + 8, self.bc);
+        // h_sh: the block's tiles, or (backward) the workgroup's own rows on their way into
+        // fragments, whichever is larger.
+        let block = match pass {
+            Pass::Forward => rows * ds + 2 * bc * ds + rows * ps,
+            Pass::Dq => 2 * bc * ds + rows * ps,
+            Pass::Dkv => 2 * bc * ds + 2 * rows * ps,
         };
-        let ds = self.dmax + 8;
-        let ps = self.bc + 8;
+        let own = if bwd { rows * ds } else { 0 };
+        let halves = block.max(own);
         let one = |used: bool, n: u32| if used { n } else { 1 };
-        let halves = qrows * ds // q_sh
-            + 2 * krows * ds // k_sh, v_sh
-            + one(bwd, qrows * ds) // do_sh
-            + one(pass != Pass::Dq, rows * ps) // pp_sh
-            + one(bwd, rows * ps); // ds_sh
-        let floats = rows * (self.bc.max(self.dmax / self.parts) + 4) // sc
-            + one(bwd, rows * (self.bc + 4)) // sc2
-            + 2 * one(dkv, self.bc); // lse_c, dvec_c
+        let sw = if bwd {
+            bc
+        } else {
+            bc.max(self.dmax / self.parts)
+        };
+        let floats = rows * (sw + 4) // sc
+            + one(bwd, rows * (bc + 4)) // sc2
+            + 2 * one(pass == Pass::Dkv, bc); // lse_c, dvec_c
         2 * halves + 4 * floats
     }
 }
@@ -120,12 +122,12 @@ impl Tile {
 /// rows per workgroup first) that fits `max_workgroup_bytes`.
 pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Option<Tile> {
     // DistilGPT-2 at 8 x 512 (D 64) on an H200: the forward ran in 1.7 ms with 4 x 32 against
-    // 3.7 ms with 2 x 64 (2026-11-22); dQ in 2.35 ms with 4 x 16 against 4.45 ms with 2 x 32
-    // (2026-11-23). dK/dV hold more tiles: 4 x 16 fits with its scratch in 2 column parts.
+    // 3.7 ms with 2 x 64 (2026-11-22). The backward passes keep their outputs in accumulators,
+    // so 4 x 16 takes about 21 KiB and two workgroups share a core (NVIDIA's Vulkan driver
+    // gives a core about 48 KiB of workgroup memory; PROFILING.md).
     let candidates: &[(u32, u32, u32)] = match pass {
         Pass::Forward => &[(4, 32, 1), (2, 32, 1), (2, 16, 1), (1, 16, 1)],
-        Pass::Dq => &[(4, 16, 1), (2, 32, 1), (2, 16, 1), (1, 16, 1)],
-        Pass::Dkv => &[(4, 16, 2), (2, 32, 1), (2, 16, 1), (1, 16, 1)],
+        Pass::Dq | Pass::Dkv => &[(4, 16, 1), (2, 16, 1), (1, 16, 1)],
     };
     forced_tile()
         .into_iter()
@@ -177,6 +179,114 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
         .bool("ACC_DQ", pass == Pass::Dq && acc_a)
         .bool("ACC_DK", pass == Pass::Dkv && acc_a)
         .bool("ACC_DV", pass == Pass::Dkv && acc_b)
+        .source("OWN", own_source(t.dmax / coop.fs, coop.fs))
+}
+
+/// The OWN snippet for `nf` fragments of `fs` columns across the head dim: the subgroup's own
+/// rows' fragments (`oa*`, `ob*`), the backward's output accumulators (`acc*`: dQ or dK;
+/// `acc2_*`: dV) as separate variables, and the functions that use them with every loop over
+/// them unrolled (a loop the shader compiler keeps would index them at run time and push them
+/// out of registers). Generated once per shape and kept for the process.
+fn own_source(nf: u32, fs: u32) -> &'static str {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    static CACHE: Mutex<BTreeMap<(u32, u32), &'static str>> = Mutex::new(BTreeMap::new());
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache
+        .entry((nf, fs))
+        .or_insert_with(|| Box::leak(write_own_source(nf, fs).into_boxed_str()))
+}
+
+fn write_own_source(nf: u32, fs: u32) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let w = &mut s;
+    let frags = || (0..nf).map(move |i| (i, i * fs));
+    let _ = writeln!(w, "// Generated for {nf} fragments across the head dim.");
+    for (i, _) in frags() {
+        let _ = writeln!(
+            w,
+            "var<private> oa{i}: MA;\nvar<private> ob{i}: MA;\nvar<private> acc{i}: MC;\nvar<private> acc2_{i}: MC;"
+        );
+    }
+    for which in ["a", "b"] {
+        let _ = writeln!(w, "\nfn own_{which}(r0: u32) {{");
+        for (i, d) in frags() {
+            let _ = writeln!(w, "    o{which}{i} = a_tile(0u, r0, {d}u);");
+        }
+        let _ = writeln!(w, "}}");
+    }
+    let _ = writeln!(
+        w,
+        "\nfn s_dp(r0: u32, c0: u32) {{\n    var s = MC();\n    var dp = MC();"
+    );
+    for (i, d) in frags() {
+        let _ = writeln!(
+            w,
+            "    s = coopMultiplyAdd(oa{i}, bt_s(c0, {d}u), s);\n    dp = coopMultiplyAdd(ob{i}, bt_dp(c0, {d}u), dp);"
+        );
+    }
+    let _ = writeln!(
+        w,
+        "    store_sc(s, r0, c0);\n    store_sc2(dp, r0, c0);\n}}\n\nfn add_out(r0: u32) {{\n    for (var c0 = 0u; c0 < BC; c0 += FS) {{\n        let ds = a_ds(r0, c0);"
+    );
+    for (i, d) in frags() {
+        let _ = writeln!(
+            w,
+            "        acc{i} = coopMultiplyAdd(ds, b_out(c0, {d}u), acc{i});"
+        );
+    }
+    let _ = writeln!(
+        w,
+        "        if (KIND == KIND_DKV) {{\n            let pp = a_pp(r0, c0);"
+    );
+    for (i, d) in frags() {
+        let _ = writeln!(
+            w,
+            "            acc2_{i} = coopMultiplyAdd(pp, b_do(c0, {d}u), acc2_{i});"
+        );
+    }
+    let _ = writeln!(w, "        }}\n    }}\n}}\n\nfn zero_out() {{");
+    for (i, _) in frags() {
+        let _ = writeln!(w, "    acc{i} = MC();\n    acc2_{i} = MC();");
+    }
+    // The outputs straight from and to their views (rows row0 + r0..).
+    let _ = writeln!(
+        w,
+        "}}\n\nfn load_out(bh: u32, row0: u32, r0: u32) {{\n    let va = view_a();\n    let sa = va.w;\n    let sb = p.dv.w;"
+    );
+    for (i, d) in frags() {
+        let _ = writeln!(
+            w,
+            "    if (ACC_A) {{\n        let i{i} = at(va, bh, row0 + r0, {d}u);\n        acc{i} = coopLoadT<MC>(&out_a[i{i}], sa);\n    }}\n\
+             \x20   if (ACC_DV) {{\n        let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n        acc2_{i} = coopLoadT<MC>(&out_b[j{i}], sb);\n    }}"
+        );
+    }
+    let _ = writeln!(
+        w,
+        "}}\n\nfn store_out(bh: u32, row0: u32, r0: u32) {{\n    let va = view_a();\n    let sa = va.w;\n    let sb = p.dv.w;"
+    );
+    for (i, d) in frags() {
+        let _ = writeln!(
+            w,
+            "    let i{i} = at(va, bh, row0 + r0, {d}u);\n    coopStoreT(acc{i}, &out_a[i{i}], sa);\n\
+             \x20   if (KIND == KIND_DKV) {{\n        let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n        coopStoreT(acc2_{i}, &out_b[j{i}], sb);\n    }}"
+        );
+    }
+    // On the edge of T or D: one fragment at a time through the subgroup's scratch rows.
+    let _ = writeln!(
+        w,
+        "}}\n\nfn edge_store(bh: u32, row0: u32, r0: u32, lane: u32) {{"
+    );
+    for (i, d) in frags() {
+        let _ = writeln!(
+            w,
+            "    store_sc(acc{i}, r0, 0u);\n    workgroupBarrier();\n    edge_out(0u, view_a(), ACC_A, bh, row0, r0, {d}u, lane);\n    workgroupBarrier();\n\
+             \x20   if (KIND == KIND_DKV) {{\n        store_sc(acc2_{i}, r0, 0u);\n        workgroupBarrier();\n        edge_out(1u, p.dv, ACC_DV, bh, row0, r0, {d}u, lane);\n        workgroupBarrier();\n    }}"
+        );
+    }
+    let _ = writeln!(w, "}}");
+    s
 }
 
 /// Every variant on `coop` with `max_workgroup_bytes`: each pass, padded head dim and

@@ -366,7 +366,7 @@ impl OperandLayout {
 /// The specialization of one product: tile, accumulate, storage types, how A and B are read.
 /// `c_direct`: C is f32 with unit column stride and 16-byte aligned rows (offset, row and
 /// batch strides multiples of 4), so tiles inside it load and store their accumulators
-/// straight from and to C (plain products only; the launcher checks it).
+/// straight from and to C (plain and bias products; the launcher checks it).
 pub fn spec(
     t: CoopTile,
     acc: bool,
@@ -613,6 +613,28 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
             );
         }
     }
+    // A bias product into a tile inside C starts its accumulators from the bias: each of
+    // the subgroup's FN column blocks is broadcast down the rows of its scratch fragment and
+    // loaded as the accumulators of that column block, so the tile is stored straight to C
+    // like a plain product's (no epilogue through the scratch).
+    let _ = writeln!(
+        w,
+        "}}\n\nfn bias_acc(wid: vec3<u32>, sg: u32, lane: u32) {{\n    let off = sg * FE;\n    let s = FS;"
+    );
+    for j in 0..fn_ {
+        let _ = writeln!(
+            w,
+            "    for (var e = lane; e < FE; e += SGS) {{\n\
+             \x20       c_sh[off + e] = bias[p.bias_off + frag_col(wid, sg, {j}u, e)];\n\
+             \x20   }}\n\
+             \x20   workgroupBarrier();\n\
+             \x20   let b{j} = coopLoadT<MC>(&c_sh[off], s);\n\
+             \x20   workgroupBarrier();"
+        );
+        for i in 0..fm {
+            let _ = writeln!(w, "    acc{} = b{j};", i * fn_ + j);
+        }
+    }
     let _ = writeln!(
         w,
         "}}\n\n// Adds the workgroup's tile of A @ B into the subgroup's accumulators: the next step's units\n\
@@ -748,11 +770,13 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                         }
                     }
                 }
-                // Direct stores: plain products into an f32 C, the ways of reading A and B
-                // paired in order.
+                // Direct stores: plain and bias products into an f32 C, the ways of reading A
+                // and B paired in order.
                 if ty.c == DType::F32 {
                     for (&a, &b) in a_ways.iter().zip(&b_ways) {
-                        v.push((&MATMUL_COOP, spec(t, acc, ty, coop, (a, b), true)));
+                        for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS] {
+                            v.push((kernel, spec(t, acc, ty, coop, (a, b), true)));
+                        }
                     }
                 }
             }

@@ -378,14 +378,14 @@ impl Tensor {
                 };
                 let a_access = layout(&a, m, k, a_bs).access();
                 let b_access = layout(&b, k, n, b_bs).access();
-                // C written straight from the accumulators: a plain product into f32 with
-                // unit column stride and rows on 16-byte boundaries (the partials of a split
-                // are contiguous (S, M, N)).
+                // C written straight from the accumulators: a plain or bias product into f32
+                // with unit column stride and rows on 16-byte boundaries (the partials of a
+                // split are contiguous (S, M, N)).
                 let (c_off, c_ms, c_bs) = match split {
                     1 => (params.c_off, params.c_ms, params.c_bs),
                     _ => (0, n as u32, (m * n) as u32),
                 };
-                let c_direct = matches!(epilogue, Epilogue::None)
+                let c_direct = matches!(epilogue, Epilogue::None | Epilogue::Bias(_))
                     && kernel_types.c == DType::F32
                     && (split > 1 || params.c_ns == 1)
                     && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4));
