@@ -91,16 +91,17 @@ const NEG_BIG: f32 = -1e30;
 
 // The f16 tiles, regions of one array (halves), each [row][d] with row stride DS or, for P and
 // dS, [row][key] with row stride PS:
-// - forward: q (ROWS rows), k and v (BC rows each), P (ROWS rows);
-// - dQ: k and v (BC rows), dS (ROWS rows); before the loop the workgroup's own q, then its dO,
-//   pass through the start of the array on their way into the subgroups' fragments;
-// - dK/dV: q and dO (BC rows), P^T and dS^T (ROWS rows); before the loop the own k, then v.
-const OWN_N: u32 = select(0u, ROWS * DS, BWD);
+// - forward: k and v (BC rows each), P (ROWS rows);
+// - dQ: k and v, dS;
+// - dK/dV: q and dO (BC rows), P^T and dS^T (ROWS rows).
+// Before the loop over blocks the workgroup's own rows (q; q, then dO; k, then v) pass through
+// the start of the array on their way into the subgroups' fragments.
+const OWN_N: u32 = ROWS * DS;
 const Q_OFF: u32 = 0u;
-const K_OFF: u32 = select(0u, ROWS * DS, KIND == KIND_FWD);
-const V_OFF: u32 = K_OFF + BC * DS;
-const DO_OFF: u32 = select(0u, BC * DS, KIND == KIND_DKV);
-const PP_OFF: u32 = select(2u * BC * DS, V_OFF + BC * DS, KIND == KIND_FWD);
+const K_OFF: u32 = 0u;
+const V_OFF: u32 = BC * DS;
+const DO_OFF: u32 = BC * DS;
+const PP_OFF: u32 = 2u * BC * DS;
 const DS_OFF: u32 = select(PP_OFF + ROWS * PS, 2u * BC * DS, KIND == KIND_DQ);
 const BLOCK_N: u32 = select(DS_OFF, PP_OFF, KIND == KIND_FWD) + ROWS * PS;
 var<workgroup> h_sh: array<f16, max(OWN_N, BLOCK_N)>;
@@ -181,10 +182,6 @@ fn a_tile(off: u32, r0: u32, d0: u32) -> MA {
     let i = off + r0 * DS + d0;
     let s = DS;
     return coopLoadT<MA>(&h_sh[i], s);
-}
-
-fn a_q(r0: u32, d0: u32) -> MA {
-    return a_tile(Q_OFF, r0, d0);
 }
 
 fn a_pp(r0: u32, c0: u32) -> MA {
@@ -362,7 +359,10 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let part = lane % LPR;
     let qi = q0 + row;                // its query
 
-    stage_q(bh, q0, ROWS, Q_OFF, lid);
+    // The subgroup's queries (scale * q) as fragments.
+    stage_q(bh, q0, ROWS, 0u, lid);
+    workgroupBarrier();
+    own_a(r0);
     var m = NEG_BIG;
     var l = 0.0;
     var o: array<f32, DW>;            // O (unnormalized), columns part * DW ..
@@ -372,17 +372,13 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 
     let keys = min(q0 + ROWS, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        workgroupBarrier(); // the previous block is done with the k and v tiles
+        workgroupBarrier(); // the previous block (or the own rows) is done with h_sh
         stage_k(bh, k0, BC, K_OFF, lid);
         stage_v(bh, k0, BC, V_OFF, lid);
         workgroupBarrier();
         // S = (scale q) k^T, one fragment of keys at a time.
         for (var c0 = 0u; c0 < BC; c0 += FS) {
-            var acc = MC();
-            for (var d0 = 0u; d0 < DMAX; d0 += FS) {
-                acc = coopMultiplyAdd(a_q(r0, d0), bt_k(c0, d0), acc);
-            }
-            store_sc(acc, r0, c0);
+            s_only(r0, c0);
         }
         workgroupBarrier();
         // Online softmax on this lane's columns of its row; P to its tile in f16.

@@ -96,15 +96,13 @@ impl Tile {
         let rows = self.rows(coop);
         let bwd = pass != Pass::Forward;
         let (ds, ps, bc) = (self.dmax + 8, self.bc + 8, self.bc);
-        // h_sh: the block's tiles, or (backward) the workgroup's own rows on their way into
-        // fragments, whichever is larger.
+        // h_sh: the block's tiles, or the workgroup's own rows on their way into fragments,
+        // whichever is larger.
         let block = match pass {
-            Pass::Forward => rows * ds + 2 * bc * ds + rows * ps,
-            Pass::Dq => 2 * bc * ds + rows * ps,
+            Pass::Forward | Pass::Dq => 2 * bc * ds + rows * ps,
             Pass::Dkv => 2 * bc * ds + 2 * rows * ps,
         };
-        let own = if bwd { rows * ds } else { 0 };
-        let halves = block.max(own);
+        let halves = block.max(rows * ds);
         let one = |used: bool, n: u32| if used { n } else { 1 };
         let sw = if bwd {
             bc
@@ -126,7 +124,7 @@ pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Opti
     // so 4 x 16 takes about 21 KiB and two workgroups share a core (NVIDIA's Vulkan driver
     // gives a core about 48 KiB of workgroup memory; PROFILING.md).
     let candidates: &[(u32, u32, u32)] = match pass {
-        Pass::Forward => &[(4, 32, 1), (2, 32, 1), (2, 16, 1), (1, 16, 1)],
+        Pass::Forward => &[(4, 16, 2), (4, 32, 1), (2, 16, 1), (1, 16, 1)],
         Pass::Dq | Pass::Dkv => &[(4, 16, 1), (2, 16, 1), (1, 16, 1)],
     };
     forced_tile()
@@ -216,6 +214,11 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         }
         let _ = writeln!(w, "}}");
     }
+    let _ = writeln!(w, "\nfn s_only(r0: u32, c0: u32) {{\n    var s = MC();");
+    for (i, d) in frags() {
+        let _ = writeln!(w, "    s = coopMultiplyAdd(oa{i}, bt_k(c0, {d}u), s);");
+    }
+    let _ = writeln!(w, "    store_sc(s, r0, c0);\n}}");
     let _ = writeln!(
         w,
         "\nfn s_dp(r0: u32, c0: u32) {{\n    var s = MC();\n    var dp = MC();"
