@@ -38,7 +38,8 @@ impl Trainer {
     /// One optimizer step over `micro_batches` of (inputs, targets), each (B, T) u32: their
     /// gradients accumulate in place (each loss seeded with 1/n, times the loss scale under
     /// mixed precision), then one AdamW update at the scheduled rate (skipped on a gradient
-    /// overflow). Returns the mean loss, still on the GPU.
+    /// overflow). Returns the mean loss, still on the GPU. Each micro-batch's forward is
+    /// submitted before its backward is recorded (a queue.submit each, one more for the rest).
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
         if micro_batches.is_empty() {
             return Err(Error::InvalidArgument {
@@ -55,6 +56,9 @@ impl Trainer {
                 let _span = tracing::info_span!("forward").entered();
                 self.model.loss(x, y)?
             };
+            // The forward goes to the GPU now, and runs while the backward is recorded and
+            // encoded (a step whose loss is read back would otherwise wait for all of it).
+            dev.flush();
             {
                 let _span = tracing::info_span!("backward").entered();
                 let seed = self.opt.loss_seed(1.0 / n)?;

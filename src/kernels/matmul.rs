@@ -95,17 +95,27 @@ pub static MATMUL_SPLIT_SUM: KernelDesc = KernelDesc {
 };
 
 /// Workgroups a product should give the GPU before its K is split (a few per core of a large
-/// GPU: an H200 has 132).
-pub const SPLIT_TARGET_GROUPS: usize = 256;
+/// GPU: an H200 has 132, each running two 128x128 cooperative-matrix workgroups at once). On
+/// an H200 (DistilGPT-2 --amp, GPU busy per step, 2026-11-23): 256 -> 29.5 ms at 8x512 and 7.78
+/// at 4x128; 512 -> 28.9 and 7.79; 1024 -> 28.7 and 7.99; 2048 -> 30.0 and 8.26.
+pub const SPLIT_TARGET_GROUPS: usize = 512;
 /// The shortest range of K worth a workgroup of its own.
 pub const SPLIT_MIN_K: usize = 256;
 /// Ranges at most.
 pub const SPLIT_MAX: usize = 16;
 
 /// The ranges to split K into for a product of `tiles` workgroups: a power of two that brings
-/// the workgroups to `SPLIT_TARGET_GROUPS`, each range at least `SPLIT_MIN_K` long; 1 for none.
+/// the workgroups to `SPLIT_TARGET_GROUPS` (`WGRAD_SPLIT_TARGET` overrides it, a measurement
+/// switch), each range at least `SPLIT_MIN_K` long; 1 for none.
 pub fn split_k(tiles: usize, k: usize) -> usize {
-    let want = SPLIT_TARGET_GROUPS / tiles.max(1);
+    static TARGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let target = *TARGET.get_or_init(|| {
+        std::env::var("WGRAD_SPLIT_TARGET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SPLIT_TARGET_GROUPS)
+    });
+    let want = target / tiles.max(1);
     let most = (k / SPLIT_MIN_K).min(SPLIT_MAX).min(want);
     if most < 2 {
         return 1;
