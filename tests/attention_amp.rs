@@ -15,6 +15,18 @@ use wgrad::{Result, Tensor};
 
 const HALF_TOL: f64 = 2e-2;
 
+/// q, k, v: (B, H, T, D) head views of a fused (B, T, 3 H D) projection output, as GPT-2 splits it.
+fn heads(x: &Tensor, [b, h, t, d]: [usize; 4]) -> Result<(Tensor, Tensor, Tensor)> {
+    let split = x.reshape(&[b, t, 3, h, d])?;
+    let part = |i| -> Result<Tensor> {
+        split
+            .narrow(2, i, 1)?
+            .reshape(&[b, t, h, d])?
+            .transpose(1, 2)
+    };
+    Ok((part(0)?, part(1)?, part(2)?))
+}
+
 /// O and the gradients of sum(O * w) with respect to the fused (B, T, 3, H, D) input, by
 /// `fused` (under autocast) or by the unfused f32 reference.
 fn run(
@@ -24,14 +36,7 @@ fn run(
     fused: bool,
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     let x = x.detach().requires_grad();
-    let split = x.reshape(&[b, t, 3, h, d])?;
-    let part = |i| -> Result<Tensor> {
-        split
-            .narrow(2, i, 1)?
-            .reshape(&[b, t, h, d])?
-            .transpose(1, 2)
-    };
-    let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+    let (q, k, v) = heads(&x, [b, h, t, d])?;
     let o = if fused {
         autocast(true, || q.causal_attention(&k, &v))?
     } else {
@@ -84,14 +89,7 @@ fn autocast_attention_gradients_accumulate() -> Result<()> {
         let (_, g_ref) = run(&x0, &w, shape, false)?;
         let x = x0.detach().requires_grad();
         for _ in 0..2 {
-            let split = x.reshape(&[b, t, 3, h, hd])?;
-            let part = |i| -> Result<Tensor> {
-                split
-                    .narrow(2, i, 1)?
-                    .reshape(&[b, t, h, hd])?
-                    .transpose(1, 2)
-            };
-            let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+            let (q, k, v) = heads(&x, shape)?;
             let o = autocast(true, || q.causal_attention(&k, &v))?;
             o.mul(&w)?.sum_all()?.backward()?;
         }

@@ -164,17 +164,23 @@ fn backward_twice(
         .zip(&xr.matmul(&round_f16(&g2)), |a, b| a + b)
 }
 
+/// Random x (m, k), w (k, n), bias (n) and, in f64, round_f16(x) @ round_f16(w) + bias.
+fn bias_product(rng: &mut StdRng, m: usize, k: usize, n: usize) -> (Arr, Arr, Arr, Arr) {
+    let x = Arr::rand(rng, &[m, k], -1.0, 1.0);
+    let w = Arr::rand(rng, &[k, n], -0.3, 0.3);
+    let bias = Arr::rand(rng, &[n], -0.5, 0.5);
+    let z = round_f16(&x)
+        .matmul(&round_f16(&w))
+        .zip(&bias.reshape(&[1, n]).broadcast_to(&[m, n]), |p, b| p + b);
+    (x, w, bias, z)
+}
+
 #[test]
 fn f16_outputs_epilogues_and_accumulation() {
     let d = dev();
     let mut rng = rng("f16 matmul epilogue");
     let (m, k, n) = (37, 70, 29);
-    let x = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
-    let w = Arr::rand(&mut rng, &[k, n], -0.3, 0.3);
-    let bias = Arr::rand(&mut rng, &[n], -0.5, 0.5);
-    let z = round_f16(&x)
-        .matmul(&round_f16(&w))
-        .zip(&bias.reshape(&[1, n]).broadcast_to(&[m, n]), |p, b| p + b);
+    let (x, w, bias, z) = bias_product(&mut rng, m, k, n);
     let gelu = |v: f64| {
         0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
     };
@@ -217,12 +223,7 @@ fn bias_products_into_f32_inside_and_on_the_edge() {
     let d = dev();
     let mut rng = rng("f16 matmul bias into f32");
     for (m, k, n) in [(150, 96, 160), (256, 64, 192)] {
-        let x = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
-        let w = Arr::rand(&mut rng, &[k, n], -0.3, 0.3);
-        let bias = Arr::rand(&mut rng, &[n], -0.5, 0.5);
-        let want = round_f16(&x)
-            .matmul(&round_f16(&w))
-            .zip(&bias.reshape(&[1, n]).broadcast_to(&[m, n]), |p, b| p + b);
+        let (x, w, bias, want) = bias_product(&mut rng, m, k, n);
         let (xt, wt, bt) = (x.upload(d), upload_as(d, &w, DType::F16), bias.upload(d));
         let y = autocast(true, || {
             xt.linear_as(&wt, Some(&bt), Activation::None, DType::F32)

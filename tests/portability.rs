@@ -39,6 +39,34 @@ fn parse(
     (module, info)
 }
 
+/// Fails unless `kernel`'s entry point uses only the bindings its descriptor lays out: the
+/// params at 0 and its storage buffers at 1.. (a pipeline's layout has those and no others).
+fn check_bindings(
+    kernel: &KernelDesc,
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    what: &str,
+) {
+    let ep = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == kernel.name)
+        .unwrap_or_else(|| panic!("{what}: no entry point {}", kernel.name));
+    for (handle, var) in module.global_variables.iter() {
+        let Some(rb) = &var.binding else { continue };
+        if info.get_entry_point(ep)[handle].is_empty() {
+            continue;
+        }
+        assert!(
+            rb.group == 0 && rb.binding as usize <= kernel.storage.len(),
+            "{what}: uses binding {} ({:?}), but the kernel lays out params and {} storage buffers",
+            rb.binding,
+            var.name,
+            kernel.storage.len()
+        );
+    }
+}
+
 #[test]
 fn every_variant_translates_to_msl_hlsl_and_spirv() {
     let variants = all_variants(true);
@@ -68,6 +96,7 @@ fn every_variant_translates_to_msl_hlsl_and_spirv() {
                 kernel.name,
                 spec.describe()
             );
+            check_bindings(kernel, &module, &info, &what);
             let entry = Some((naga::ShaderStage::Compute, kernel.name.to_string()));
 
             let msl_options = naga::back::msl::Options {
@@ -163,6 +192,7 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
                 .subgroup_operations(naga::valid::SubgroupOperationSet::all())
                 .validate(&module)
                 .unwrap_or_else(|e| panic!("{what} fails validation:\n{}", e.emit_to_string(&src)));
+            check_bindings(kernel, &module, &info, &what);
             let spv_pipeline = naga::back::spv::PipelineOptions {
                 shader_stage: naga::ShaderStage::Compute,
                 entry_point: kernel.name.to_string(),

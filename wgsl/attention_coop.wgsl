@@ -134,44 +134,74 @@ fn put4(off: u32, r: u32, d: u32, x: vec4<f32>, ok: bool) {
     }
 }
 
-fn stage_q(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
+// Tile element e (4 elements a vector) of rows row0.. of `view` from the head at `base` (its
+// element (0, 0), `head(view, bh)`, hoisted out of the loops: it divides): its row r and column
+// d in the tile, and the vector to load (0, with ok false, outside T and D).
+struct At4 {
+    i: u32,
+    r: u32,
+    d: u32,
+    ok: bool,
+}
+
+fn at4(view: vec4<u32>, base: u32, row0: u32, e: u32) -> At4 {
+    let r = e / (DMAX / 4u);
+    let d = (e % (DMAX / 4u)) * 4u;
+    let ok = row0 + r < p.t && d < p.d;
+    return At4(select(0u, (base + (row0 + r) * view.w + d) / 4u, ok), r, d, ok);
+}
+
+// (One function per source: each entry point binds only what it reads.)
+fn stage_q(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
     let base = head(p.q, bh);
     for (var e = lid; e < rows * DMAX / 4u; e += WG) {
-        let r = e / (DMAX / 4u);
-        let d = (e % (DMAX / 4u)) * 4u;
-        let ok = r0 + r < p.t && d < p.d;
-        put4(off, r, d, q[select(0u, (base + (r0 + r) * p.q.w + d) / 4u, ok)] * p.scale, ok);
+        let a = at4(p.q, base, row0, e);
+        put4(off, a.r, a.d, q[a.i] * p.scale, a.ok);
     }
 }
 
-fn stage_do(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
+fn stage_do(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
     let base = head(p.dout, bh);
     for (var e = lid; e < rows * DMAX / 4u; e += WG) {
-        let r = e / (DMAX / 4u);
-        let d = (e % (DMAX / 4u)) * 4u;
-        let ok = r0 + r < p.t && d < p.d;
-        put4(off, r, d, dout[select(0u, (base + (r0 + r) * p.dout.w + d) / 4u, ok)], ok);
+        let a = at4(p.dout, base, row0, e);
+        put4(off, a.r, a.d, dout[a.i], a.ok);
     }
 }
 
-fn stage_k(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
+fn stage_k(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
     let base = head(p.k, bh);
     for (var e = lid; e < rows * DMAX / 4u; e += WG) {
-        let r = e / (DMAX / 4u);
-        let d = (e % (DMAX / 4u)) * 4u;
-        let ok = r0 + r < p.t && d < p.d;
-        put4(off, r, d, k[select(0u, (base + (r0 + r) * p.k.w + d) / 4u, ok)], ok);
+        let a = at4(p.k, base, row0, e);
+        put4(off, a.r, a.d, k[a.i], a.ok);
     }
 }
 
-fn stage_v(bh: u32, r0: u32, rows: u32, off: u32, lid: u32) {
+fn stage_v(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
     let base = head(p.v, bh);
     for (var e = lid; e < rows * DMAX / 4u; e += WG) {
-        let r = e / (DMAX / 4u);
-        let d = (e % (DMAX / 4u)) * 4u;
-        let ok = r0 + r < p.t && d < p.d;
-        put4(off, r, d, v[select(0u, (base + (r0 + r) * p.v.w + d) / 4u, ok)], ok);
+        let a = at4(p.v, base, row0, e);
+        put4(off, a.r, a.d, v[a.i], a.ok);
     }
+}
+
+// The backward's own rows row0.. (dQ: scale * q, then dO; dK/dV: k, then v) through the start
+// of h_sh into the subgroups' fragments (own_a, own_b; rows r0.. of the subgroup).
+fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32) {
+    if (KIND == KIND_DQ) {
+        stage_q(bh, row0, ROWS, 0u, lid);
+    } else {
+        stage_k(bh, row0, ROWS, 0u, lid);
+    }
+    workgroupBarrier();
+    own_a(r0);
+    workgroupBarrier();
+    if (KIND == KIND_DQ) {
+        stage_do(bh, row0, ROWS, 0u, lid);
+    } else {
+        stage_v(bh, row0, ROWS, 0u, lid);
+    }
+    workgroupBarrier();
+    own_b(r0);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -450,13 +480,7 @@ fn attn_coop_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let qi = q0 + row;
 
     // The subgroup's queries as fragments: scale * q, then dO.
-    stage_q(bh, q0, ROWS, 0u, lid);
-    workgroupBarrier();
-    own_a(r0);
-    workgroupBarrier();
-    stage_do(bh, q0, ROWS, 0u, lid);
-    workgroupBarrier();
-    own_b(r0);
+    own_rows(bh, q0, r0, lid);
     // D for this lane's query: its columns, then the row's lanes combined.
     var dpart = 0.0;
     var lse_i = 0.0;
@@ -528,13 +552,7 @@ fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     let kj = k0 + row;                // this lane's key
 
     // The subgroup's keys as fragments: k, then v.
-    stage_k(bh, k0, ROWS, 0u, lid);
-    workgroupBarrier();
-    own_a(r0);
-    workgroupBarrier();
-    stage_v(bh, k0, ROWS, 0u, lid);
-    workgroupBarrier();
-    own_b(r0);
+    own_rows(bh, k0, r0, lid);
     let direct = k0 + ROWS <= p.t && p.d == DMAX && all(p.dk % vec4<u32>(4u) == vec4<u32>())
         && all(p.dv % vec4<u32>(4u) == vec4<u32>());
     zero_out();
