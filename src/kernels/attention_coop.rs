@@ -74,8 +74,8 @@ pub fn kernel(pass: Pass) -> &'static KernelDesc {
 
 /// A pass's blocking: `sg` subgroups of fragment rows (the workgroup's own rows: queries, or
 /// keys for dK/dV), blocks of `bc` rows of the other side, head dim padded to `dmax`; the
-/// [row][d] products (O, dQ, dV, dK) go through the f32 scratch in `parts` column ranges (so
-/// the scratch is dmax / parts wide, and more subgroups fit the workgroup memory).
+/// forward's O goes through the f32 scratch in `parts` column ranges (so the scratch is dmax /
+/// parts wide and takes less workgroup memory; the backward keeps dQ, dK, dV in accumulators).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tile {
     pub sg: u32,
@@ -119,10 +119,11 @@ impl Tile {
 /// The tile of `pass` at padded head dim `dmax` on `coop`: the first of the candidates (most
 /// rows per workgroup first) that fits `max_workgroup_bytes`.
 pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Option<Tile> {
-    // DistilGPT-2 at 8 x 512 (D 64) on an H200: the forward ran in 1.7 ms with 4 x 32 against
-    // 3.7 ms with 2 x 64 (2026-11-22). The backward passes keep their outputs in accumulators,
-    // so 4 x 16 takes about 21 KiB and two workgroups share a core (NVIDIA's Vulkan driver
-    // gives a core about 48 KiB of workgroup memory; PROFILING.md).
+    // DistilGPT-2 at 8 x 512 (D 64) on an H200, 2026-11-23: the forward ran in 1.47 ms with
+    // 4 x 16 in 2 parts (18 KiB), 1.55 with 4 x 32 (31 KiB), 2.13 with 4 x 16 in one part. The
+    // backward passes keep their outputs in accumulators, so 4 x 16 takes 19-21 KiB and two
+    // workgroups share a core (NVIDIA's Vulkan driver gives a core about 48 KiB of workgroup
+    // memory; PROFILING.md).
     let candidates: &[(u32, u32, u32)] = match pass {
         Pass::Forward => &[(4, 16, 2), (4, 32, 1), (2, 16, 1), (1, 16, 1)],
         Pass::Dq | Pass::Dkv => &[(4, 16, 1), (2, 16, 1), (1, 16, 1)],
