@@ -145,11 +145,20 @@ impl Tensor {
             return Err(too_many_dims(NAME, kept.rank().max(red.rank())));
         }
         let out_numel = target.numel();
-        // Rows of a matrix with contiguous kept columns: lanes along the columns.
+        // Rows of a matrix with contiguous kept columns: lanes along the columns, 64 columns a
+        // workgroup (the generic kernel takes a workgroup per output: the position-embedding
+        // gradient, 393,216 columns of 8 rows at 8 x 512, took 0.15 ms that way on an H200).
+        let col_groups = (kept.numel() as u64).div_ceil(reduce::COL_LANES);
         let columns = kept.rank() == 1
             && kept.strides[0] == 1
             && red.rank() == 1
-            && red.numel() as u64 >= reduce::COL_LANES;
+            && red.numel() > 0
+            && col_groups
+                <= self
+                    .device()
+                    .gpu()
+                    .limits
+                    .max_compute_workgroups_per_dimension as u64;
         if out_numel > 0 && columns {
             self.reduce_cols(op, &kept, &red, scale, (&target, acc))?;
             return Ok(target);
