@@ -734,8 +734,8 @@ fn vec4_of(t: DType, wide: bool) -> &'static str {
 
 /// Every variant for an adapter offering `coop` with `max_workgroup_bytes`: each default tile
 /// and a two-stage one, accumulate or not, each of the step's storage types, each way of
-/// reading A and B, each epilogue; and the direct-store plain products into f32 (the ways of
-/// reading A and of reading B paired in order, as many pairs as the shorter list).
+/// reading A and B, each epilogue; and the direct-store plain and bias products into f32 (the
+/// ways of reading A and of reading B paired in order, as many pairs as the shorter list).
 pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for ty in STEP_TYPES {

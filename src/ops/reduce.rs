@@ -147,7 +147,8 @@ impl Tensor {
         let out_numel = target.numel();
         // Rows of a matrix with contiguous kept columns: lanes along the columns, 64 columns a
         // workgroup (the generic kernel takes a workgroup per output: the position-embedding
-        // gradient, 393,216 columns of 8 rows at 8 x 512, took 0.15 ms that way on an H200).
+        // gradient, 393,216 columns of 8 rows at 8 x 512, took about 0.42 ms that way on an
+        // H200: reduce_dims 0.445 ms in 3 dispatches before, 0.020 ms in the 2 left after).
         let col_groups = (kept.numel() as u64).div_ceil(reduce::COL_LANES);
         let columns = kept.rank() == 1
             && kept.strides[0] == 1
