@@ -201,9 +201,11 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
                     pass.set_bind_group(0, bg, &[d.params_offset]);
                     let [x, y, z] = d.groups;
                     match t.timer.as_mut() {
-                        Some(timer) => timer.around_dispatch(&mut pass, d.pipeline.label, |p| {
-                            p.dispatch_workgroups(x, y, z)
-                        }),
+                        Some(timer) => {
+                            timer.around_dispatch(&mut pass, &d.pipeline, d.groups, |p| {
+                                p.dispatch_workgroups(x, y, z)
+                            })
+                        }
                         None => pass.dispatch_workgroups(x, y, z),
                     }
                     i += 1;

@@ -5,7 +5,11 @@
 //! Timestamps are resolved and copied to a mappable buffer inside the flush that wrote them;
 //! they are read (waiting for the GPU) only when the profiler asks (`Device::take_gpu_intervals`).
 
+use std::sync::Arc;
+
 use serde::Serialize;
+
+use crate::kernels::Pipeline;
 
 /// One query set holds this many timestamps (wgpu's QUERY_SET_MAX_QUERIES), so a flush times
 /// at most half as many dispatches; the Device lowers its flush bound to fit.
@@ -24,13 +28,25 @@ pub enum TimingMode {
 #[derive(Clone, Debug, Serialize)]
 pub struct GpuInterval {
     pub label: &'static str,
+    /// The kernel variant (`Spec::describe`); empty for a pass.
+    pub variant: Arc<str>,
+    /// The dispatch's workgroup counts; zeros for a pass.
+    pub groups: [u32; 3],
     pub start_ns: f64,
     pub end_ns: f64,
 }
 
+/// What one pair of timestamps timed.
+#[derive(Clone)]
+struct Timed {
+    label: &'static str,
+    variant: Arc<str>,
+    groups: [u32; 3],
+}
+
 struct Pending {
     buffer: wgpu::Buffer,
-    labels: Vec<&'static str>,
+    labels: Vec<Timed>,
 }
 
 pub struct GpuTimer {
@@ -42,7 +58,7 @@ pub struct GpuTimer {
     period_ns: f64,
     /// Queries written by the flush being encoded, and what each pair timed.
     next: u32,
-    labels: Vec<&'static str>,
+    labels: Vec<Timed>,
 }
 
 impl GpuTimer {
@@ -75,7 +91,11 @@ impl GpuTimer {
         }
         let i = self.next;
         self.next += 2;
-        self.labels.push("compute pass");
+        self.labels.push(Timed {
+            label: "compute pass",
+            variant: Arc::from(""),
+            groups: [0; 3],
+        });
         Some(wgpu::ComputePassTimestampWrites {
             query_set: &self.query_set,
             beginning_of_pass_write_index: Some(i),
@@ -87,7 +107,8 @@ impl GpuTimer {
     pub fn around_dispatch(
         &mut self,
         pass: &mut wgpu::ComputePass<'_>,
-        label: &'static str,
+        pipeline: &Pipeline,
+        groups: [u32; 3],
         dispatch: impl FnOnce(&mut wgpu::ComputePass<'_>),
     ) {
         if self.mode != TimingMode::PerDispatch || self.next + 2 > MAX_QUERIES {
@@ -98,7 +119,11 @@ impl GpuTimer {
         dispatch(pass);
         pass.write_timestamp(&self.query_set, self.next + 1);
         self.next += 2;
-        self.labels.push(label);
+        self.labels.push(Timed {
+            label: pipeline.label,
+            variant: pipeline.variant.clone(),
+            groups,
+        });
     }
 
     /// After the flush's last command: resolve its timestamps into a mappable buffer.
@@ -146,9 +171,11 @@ impl GpuTimer {
             {
                 let view = slice.get_mapped_range().map_err(|e| e.to_string())?;
                 let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&view[..]);
-                for (k, label) in p.labels.iter().enumerate() {
+                for (k, t) in p.labels.iter().enumerate() {
                     out.push(GpuInterval {
-                        label,
+                        label: t.label,
+                        variant: t.variant.clone(),
+                        groups: t.groups,
                         start_ns: ticks[2 * k] as f64 * self.period_ns,
                         end_ns: ticks[2 * k + 1] as f64 * self.period_ns,
                     });

@@ -213,6 +213,8 @@ pub struct Pipeline {
     pub pipeline: wgpu::ComputePipeline,
     pub layout: Arc<BindLayout>,
     pub label: &'static str,
+    /// The specialization (`Spec::describe`): which variant of the kernel, for profiles.
+    pub variant: Arc<str>,
     /// The workgroup-count limit per grid dimension, for `grid`.
     pub max_groups: u32,
 }
@@ -299,6 +301,7 @@ impl PipelineCache {
             pipeline,
             layout,
             label,
+            variant: spec.describe().into(),
             max_groups: self.max_groups,
         });
         self.pipelines

@@ -28,6 +28,25 @@ pub struct KernelRow {
     pub share: f64,
 }
 
+/// GPU time of one kind of dispatch (kernel, variant and grid: one product of one shape, say),
+/// per steady-state step.
+#[derive(Clone, Debug, Serialize)]
+pub struct DispatchRow {
+    pub name: String,
+    /// The kernel variant (`Spec::describe`).
+    pub variant: String,
+    /// Workgroups in x, y, z.
+    pub groups: [u32; 3],
+    /// Dispatches per step.
+    pub count: f64,
+    /// GPU milliseconds per step.
+    pub total_ms: f64,
+    /// Microseconds per dispatch.
+    pub avg_us: f64,
+    /// Share of the step's summed kernel time.
+    pub share: f64,
+}
+
 /// CPU milliseconds per step in one phase.
 #[derive(Clone, Debug, Serialize)]
 pub struct PhaseRow {
@@ -60,8 +79,13 @@ pub struct ProfileReport {
     pub gpu_busy_share: f64,
     pub timing: Option<TimingMode>,
     pub kernels: Vec<KernelRow>,
+    /// Per kernel, variant and grid, the most time first.
+    pub dispatches: Vec<DispatchRow>,
     pub phases: Vec<PhaseRow>,
 }
+
+/// Rows of the dispatch table `to_text` prints (the JSON has them all).
+const DISPATCH_ROWS: usize = 20;
 
 fn median(mut v: Vec<f64>) -> f64 {
     if v.is_empty() {
@@ -110,6 +134,28 @@ pub(super) fn build(
         })
         .collect();
     rows.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+
+    let mut shapes: BTreeMap<(&str, &str, [u32; 3]), (f64, f64)> = BTreeMap::new();
+    for s in &steady {
+        for i in &s.gpu {
+            let e = shapes.entry((i.label, &i.variant, i.groups)).or_default();
+            e.0 += 1.0;
+            e.1 += (i.end_ns - i.start_ns) * 1e-6;
+        }
+    }
+    let mut dispatches: Vec<DispatchRow> = shapes
+        .into_iter()
+        .map(|((name, variant, groups), (count, ms))| DispatchRow {
+            name: name.to_string(),
+            variant: variant.to_string(),
+            groups,
+            count: count / n,
+            total_ms: ms / n,
+            avg_us: if count > 0.0 { ms * 1e3 / count } else { 0.0 },
+            share: if busy > 0.0 { ms / n / busy } else { 0.0 },
+        })
+        .collect();
+    dispatches.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
 
     let mut phases: BTreeMap<&str, f64> = BTreeMap::new();
     for s in &steady {
@@ -171,6 +217,7 @@ pub(super) fn build(
         },
         timing,
         kernels: rows,
+        dispatches,
         phases,
     }
 }
@@ -217,6 +264,30 @@ impl ProfileReport {
                 k.total_ms,
                 k.avg_us,
                 k.share * 100.0
+            );
+        }
+        if self.timing == Some(TimingMode::PerDispatch) && !self.dispatches.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n{:<26} {:>18} {:>8} {:>10} {:>10} {:>7}",
+                "dispatch (top by time)", "workgroups", "count", "total ms", "avg us", "share"
+            );
+            for d in self.dispatches.iter().take(DISPATCH_ROWS) {
+                let [x, y, z] = d.groups;
+                let _ = writeln!(
+                    s,
+                    "{:<26} {:>18} {:>8.1} {:>10.3} {:>10.1} {:>6.1}%",
+                    d.name,
+                    format!("{x}x{y}x{z}"),
+                    d.count,
+                    d.total_ms,
+                    d.avg_us,
+                    d.share * 100.0
+                );
+            }
+            let _ = writeln!(
+                s,
+                "(each dispatch's variant is in --json's `dispatches` and the --trace events)"
             );
         }
         let _ = writeln!(s, "\n{:<26} {:>10}", "CPU phase", "ms/step");

@@ -24,6 +24,7 @@ pub fn chrome_trace(steps: &[StepRecord]) -> Value {
                     "name": i.label, "ph": "X", "pid": 1, "tid": 2,
                     "ts": i.start_ns * 1e-3 + shift_us,
                     "dur": (i.end_ns - i.start_ns) * 1e-3,
+                    "args": {"variant": &*i.variant, "groups": i.groups},
                 }));
             }
         }
