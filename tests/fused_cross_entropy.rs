@@ -10,7 +10,8 @@ use common::*;
 use rand::rngs::StdRng;
 use rand::Rng;
 use wgrad::autograd::gradcheck::{self, Input};
-use wgrad::{Device, Error, Result, Tensor};
+use wgrad::ops::{autocast, Activation};
+use wgrad::{DType, Device, Error, Result, Tensor};
 
 /// The mean loss over non-ignored rows and its dlogits, in f64.
 fn ce_ref(x: &[f64], targets: &[u32], v: usize, ignore: Option<u32>) -> (f64, Vec<f64>) {
@@ -356,5 +357,124 @@ fn zero_rows_give_nan_and_an_empty_gradient() -> Result<()> {
     assert!(loss.item()?.is_nan());
     loss.backward()?;
     assert_eq!(logits.grad().expect("reached by backward").shape(), &[0, 5]);
+    Ok(())
+}
+
+#[test]
+fn padded_rows_are_read_in_place_and_their_padding_gets_no_gradient() -> Result<()> {
+    let d = private_dev();
+    let mut rng = rng("ce_padded_rows");
+    // (rows, V, row stride): rows on 4-element boundaries (vectors; the last one of a row
+    // reaches into the padding) and not (the scalar kernel).
+    for (n, v, vp) in [(5, 7, 8), (4, 1000, 1003), (6, 255, 260), (3, 50257, 50304)] {
+        let full = Arr::rand(&mut rng, &[n, vp], -4.0, 4.0);
+        let x = full.narrow(1, 0, v);
+        let targets = rand_targets(&mut rng, n, v);
+        let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, None);
+        let t = Tensor::from_u32(&d, &targets, &[n])?;
+        let leaf = full.upload(&d).requires_grad();
+        let logits = leaf.narrow(1, 0, v)?;
+        for pass in 1..=2 {
+            let c0 = d.counters();
+            let loss = logits.cross_entropy(&t, None)?;
+            let c1 = d.counters();
+            // The loss and the mean: no copy of the rows.
+            assert_eq!((c1 - c0).forward_dispatches, 2, "({n}, {v}, {vp})");
+            assert_close(&[loss.item()?], &[want_loss], TOL, "loss, padded rows");
+            loss.backward()?; // the second pass adds into the first one's gradient
+            let grad = leaf.grad().expect("reached by backward").to_vec()?;
+            let inside: Vec<f32> = grad.chunks(vp).flat_map(|r| r[..v].to_vec()).collect();
+            let padding: Vec<f32> = grad.chunks(vp).flat_map(|r| r[v..].to_vec()).collect();
+            let want: Vec<f64> = want_grad.iter().map(|g| g * pass as f64).collect();
+            check_grad(
+                &inside,
+                &want,
+                v,
+                n,
+                &format!("dlogits ({n}, {v}, {vp}) pass {pass}"),
+            );
+            assert!(
+                padding.iter().all(|&g| g == 0.0),
+                "({n}, {v}, {vp}) pass {pass}: gradient in the padding"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn lm_head_in_padded_rows_with_f16_gradients_matches_the_plain_head() -> Result<()> {
+    // The --amp training loss: logits in rows padded to 64 elements by the LM head (tied
+    // weights: the weight is a transposed view), their gradient made in f16 by cross-entropy.
+    // The backward products round that gradient to f16 anyway, so h's and wte's gradients
+    // must match those of the plain head (contiguous f32 logits and gradient) closely, and
+    // the f64 reference within f16 rounding.
+    let d = dev();
+    let mut rng = rng("ce_lm_head_padded");
+    for (n, c, v) in [(37, 48, 1000), (9, 40, 203)] {
+        let h = Arr::rand(&mut rng, &[n, c], -1.0, 1.0);
+        let wte = Arr::rand(&mut rng, &[v, c], -1.0, 1.0);
+        let targets = rand_targets(&mut rng, n, v);
+        let t = Tensor::from_u32(d, &targets, &[n])?;
+        let mut results = Vec::new();
+        for padded in [true, false] {
+            let (hl, wl) = (h.upload(d).requires_grad(), wte.upload(d).requires_grad());
+            let loss = autocast(true, || -> Result<Tensor> {
+                let w = wl.t()?;
+                if padded {
+                    let logits = hl.linear_padded(&w, 64)?;
+                    assert_eq!(logits.strides(), &[v.next_multiple_of(64), 1]);
+                    logits.cross_entropy_grad_as(&t, None, DType::F16)
+                } else {
+                    hl.linear(&w, None, Activation::None)?
+                        .cross_entropy(&t, None)
+                }
+            })?;
+            loss.backward()?;
+            results.push((
+                loss.item()?,
+                hl.grad().expect("reached").to_vec()?,
+                wl.grad().expect("reached").to_vec()?,
+            ));
+        }
+        let (got, plain) = (&results[0], &results[1]);
+        assert_close(&[got.0], &[plain.0 as f64], 1e-5, "loss");
+        let rel = |a: &[f32], b: &[f32]| {
+            let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
+            let den: f32 = b.iter().map(|y| y * y).sum();
+            (num / den).sqrt()
+        };
+        for (what, a, b) in [("dh", &got.1, &plain.1), ("dwte", &got.2, &plain.2)] {
+            let e = rel(a, b);
+            assert!(
+                e < 1e-3,
+                "({n}, {c}, {v}) {what}: relative error {e} against the plain head"
+            );
+        }
+        // The f64 reference: logits = h wte^T, dh = dlogits wte, dwte = dlogits^T h.
+        let logits = Arr::build(&[n, v], |i| {
+            (0..c).map(|k| h.at(&[i[0], k]) * wte.at(&[i[1], k])).sum()
+        });
+        let (loss, dl) = ce_ref(&logits.data, &targets, v, None);
+        assert_close(&[got.0], &[loss], 1e-2, "loss against f64");
+        let dh: Vec<f64> = (0..n * c)
+            .map(|e| {
+                (0..v)
+                    .map(|j| dl[(e / c) * v + j] * wte.at(&[j, e % c]))
+                    .sum()
+            })
+            .collect();
+        let dw: Vec<f64> = (0..v * c)
+            .map(|e| (0..n).map(|r| dl[r * v + e / c] * h.at(&[r, e % c])).sum())
+            .collect();
+        for (what, g, want) in [("dh", &got.1, dh), ("dwte", &got.2, dw)] {
+            let wf: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+            let e = rel(g, &wf);
+            assert!(
+                e < 2e-2,
+                "({n}, {c}, {v}) {what}: relative error {e} against f64"
+            );
+        }
+    }
     Ok(())
 }

@@ -1,6 +1,6 @@
-// Cross-entropy of contiguous (rows, V) logits against u32 targets (rows): per-row loss
-// forward, dlogits backward. The host has checked every target that is not ignore_index
-// against V, and turns the per-row losses into the mean over the non-ignored rows.
+// Cross-entropy of (rows, V) logits against u32 targets (rows): per-row loss forward, dlogits
+// backward. The host has checked every target that is not ignore_index against V, and turns
+// the per-row losses into the mean over the non-ignored rows.
 //
 // cross_entropy_forward: one workgroup of 256 lanes per row (linear workgroup id = row). One
 //   pass over the row: each lane keeps a running max m and a sum s of exp(x - m), rescaled
@@ -11,14 +11,19 @@
 // cross_entropy_backward: one workgroup per row, one pass, no reduction:
 //     dlogits[r, j] = g * inv_n * (exp(x[r, j] - lse[r]) - (j == target[r]))   (0 if ignored)
 //   with g the upstream gradient of the mean loss (one f32 read from its buffer: no host
-//   read-back) and inv_n = 1 / (non-ignored rows).
+//   read-back) and inv_n = 1 / (non-ignored rows), stored as OT (f32, or f16 for a consumer
+//   that rounds it to f16 anyway).
+// cross_entropy_backward_vec4: the same, 4 columns a lane through vec4 loads and stores (rows
+//   on 4-element boundaries, checked by the launcher). The last vector of a row may reach past
+//   V into the row's padding: its components there are read back and stored unchanged.
 //
-// Memory: logits (rows, V) from x_offset; targets (rows) from target_offset; loss and lse
-// (rows); dlogits (rows, V) from out_offset; g at g_offset.
+// Memory: logits (rows, V) from x_offset, rows x_rs apart (unit column stride); targets (rows)
+// from target_offset; loss and lse (rows); dlogits (rows, V) from out_offset, rows out_rs
+// apart; g at g_offset.
 // Bindings: each entry point has its own signature (listed in src/kernels/cross_entropy.rs);
-// WGSL lets different entry points reuse a binding number, and a variable read by both
+// WGSL lets different entry points reuse a binding number, and a variable read by several
 // kernels keeps one slot.
-// Specialization: ACC (backward adds into dlogits: gradient accumulation).
+// Specialization: ACC (backward adds into dlogits: gradient accumulation); OT (dlogits' type).
 
 struct Params {
     rows: u32,
@@ -29,6 +34,10 @@ struct Params {
     out_offset: u32,
     g_offset: u32,
     inv_n: f32,
+    x_rs: u32,          // row stride of the logits
+    out_rs: u32,        // row stride of dlogits
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -41,10 +50,13 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> loss: array<f32>;    // (rows)
 @group(0) @binding(2) var<storage, read_write> lse_out: array<f32>; // (rows)
 
-// cross_entropy_backward: dlogits, lse, logits, targets, g.
-@group(0) @binding(1) var<storage, read_write> dlogits: array<f32>; // (rows, V)
-@group(0) @binding(2) var<storage, read> lse: array<f32>;           // (rows)
-@group(0) @binding(5) var<storage, read> g: array<f32>;             // [] at g_offset
+// cross_entropy_backward(_vec4): dlogits, lse, logits, targets, g.
+@group(0) @binding(1) var<storage, read_write> dlogits: array<OT>;        // (rows, V)
+@group(0) @binding(2) var<storage, read> lse: array<f32>;                 // (rows)
+@group(0) @binding(5) var<storage, read> g: array<f32>;                   // [] at g_offset
+// cross_entropy_backward_vec4's views of the logits and dlogits, 4 elements a vector.
+@group(0) @binding(3) var<storage, read> logits4: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> dlogits4: array<vec4<OT>>;
 
 // The most negative f32: the running max before any logit (exp(-FLT_MAX - M) is 0, where
 // -inf could make inf - inf).
@@ -56,7 +68,7 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
     let row = wid.y * nwg.x + wid.x;
     // row is the same for the whole workgroup, so this exit skips no lane's barrier.
     if (row >= p.rows) { return; }
-    let base = p.x_offset + row * p.cols;
+    let base = p.x_offset + row * p.x_rs;
 
     var m = LOWEST;
     var s = 0.0;
@@ -90,8 +102,8 @@ fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let row = wid.y * nwg.x + wid.x;
     if (row >= p.rows) { return; }
-    let base = p.x_offset + row * p.cols;
-    let out_base = p.out_offset + row * p.cols;
+    let base = p.x_offset + row * p.x_rs;
+    let out_base = p.out_offset + row * p.out_rs;
     let t = targets[p.target_offset + row];
     let ignored = t == p.ignore_index;
     let scale = g[p.g_offset] * p.inv_n;
@@ -104,9 +116,41 @@ fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>,
         }
         let o = out_base + j;
         if (ACC) {
-            dlogits[o] = dlogits[o] + d;
+            dlogits[o] = OT(f32(dlogits[o]) + d);
         } else {
-            dlogits[o] = d;
+            dlogits[o] = OT(d);
+        }
+    }
+}
+
+@compute @workgroup_size(RED_WG)
+fn cross_entropy_backward_vec4(@builtin(workgroup_id) wid: vec3<u32>,
+                               @builtin(num_workgroups) nwg: vec3<u32>,
+                               @builtin(local_invocation_index) lid: u32) {
+    let row = wid.y * nwg.x + wid.x;
+    if (row >= p.rows) { return; }
+    let base = (p.x_offset + row * p.x_rs) / 4u;
+    let out_base = (p.out_offset + row * p.out_rs) / 4u;
+    let t = targets[p.target_offset + row];
+    let ignored = t == p.ignore_index;
+    let scale = g[p.g_offset] * p.inv_n;
+    let l = lse[row];
+    let quads = (p.cols + 3u) / 4u;
+    for (var q = lid; q < quads; q += RED_WG) {
+        let j = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
+        var d = vec4<f32>(0.0);
+        if (!ignored) {
+            let onehot = select(vec4<f32>(0.0), vec4<f32>(1.0), j == vec4<u32>(t));
+            d = scale * (exp(logits4[base + q] - l) - onehot);
+        }
+        let o = out_base + q;
+        let past = j >= vec4<u32>(p.cols);
+        if (ACC || past.w) {
+            let old = vec4<f32>(dlogits4[o]);
+            let v = select(d, vec4<f32>(0.0), past) + select(vec4<f32>(0.0), old, past | vec4<bool>(ACC));
+            dlogits4[o] = vec4<OT>(v);
+        } else {
+            dlogits4[o] = vec4<OT>(d);
         }
     }
 }

@@ -92,6 +92,30 @@ impl Tensor {
         ))
     }
 
+    /// `uninit` with rows `row_stride` elements apart (>= the last dim): (..., V) over a
+    /// (..., row_stride) buffer whose padding columns are never written, so that rows start on
+    /// aligned boundaries for the kernels that read them.
+    pub(crate) fn uninit_rows(
+        device: &Device,
+        shape: &[usize],
+        row_stride: usize,
+        dtype: DType,
+        op: &'static str,
+    ) -> Result<Tensor> {
+        let r = shape.len();
+        if r < 2 || row_stride <= shape[r - 1] {
+            return Tensor::uninit(device, shape, dtype, op);
+        }
+        let mut padded = shape.to_vec();
+        padded[r - 1] = row_stride;
+        let t = Tensor::uninit(device, &padded, dtype, op)?;
+        Ok(t.with_layout(Layout {
+            shape: shape.to_vec(),
+            strides: t.strides().to_vec(),
+            offset: 0,
+        }))
+    }
+
     /// A new view over the same storage, without an attachment (views made by ops get theirs
     /// from the autograd layer).
     pub(crate) fn with_layout(&self, layout: Layout) -> Tensor {

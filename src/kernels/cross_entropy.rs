@@ -1,5 +1,6 @@
 //! Launcher of `wgsl/cross_entropy.wgsl`: per-row cross-entropy of logits against u32 targets
-//! (forward, saving lse) and dlogits (backward), each one pass over the logits.
+//! (forward, saving lse) and dlogits (backward: scalar, or 4 columns a lane where the rows sit
+//! on 4-element boundaries), each one pass over the logits.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -26,6 +27,11 @@ pub struct CrossEntropyParams {
     pub g_offset: u32,
     /// 1 / the number of non-ignored rows.
     pub inv_n: f32,
+    /// Row stride of the logits (unit column stride).
+    pub x_rs: u32,
+    /// Row stride of dlogits.
+    pub out_rs: u32,
+    pub _pad: [u32; 2],
 }
 
 /// `ignore_index` when nothing is ignored: every target the host let through is < V, and V
@@ -48,28 +54,48 @@ pub static CROSS_ENTROPY_FORWARD: KernelDesc = KernelDesc {
 };
 
 /// dlogits (rows, V), lse (rows), logits (rows, V), targets (rows, u32), g ([]).
+const BACKWARD_STORAGE: &[Access] = &[
+    Access::ReadWrite,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+];
+
 pub static CROSS_ENTROPY_BACKWARD: KernelDesc = KernelDesc {
     name: "cross_entropy_backward",
     family: &FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-    ],
+    storage: BACKWARD_STORAGE,
     params_size: PARAMS,
 };
 
-/// `acc`: the backward adds into dlogits (gradient accumulation) instead of overwriting.
-pub fn spec(acc: bool) -> Spec {
-    Spec::new().bool("ACC", acc)
+/// The same bindings, 4 columns a lane (rows, offsets and strides multiples of 4).
+pub static CROSS_ENTROPY_BACKWARD_VEC4: KernelDesc = KernelDesc {
+    name: "cross_entropy_backward_vec4",
+    family: &FAMILY,
+    storage: BACKWARD_STORAGE,
+    params_size: PARAMS,
+};
+
+/// `acc`: the backward adds into dlogits (gradient accumulation) instead of overwriting;
+/// `grad_f16`: dlogits is f16 (else f32).
+pub fn spec(acc: bool, grad_f16: bool) -> Spec {
+    Spec::new()
+        .bool("ACC", acc)
+        .ty("OT", if grad_f16 { "f16" } else { "f32" })
 }
 
-pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
-    vec![
-        (&CROSS_ENTROPY_FORWARD, spec(false)),
-        (&CROSS_ENTROPY_BACKWARD, spec(false)),
-        (&CROSS_ENTROPY_BACKWARD, spec(true)),
-    ]
+pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
+    let mut v = vec![(&CROSS_ENTROPY_FORWARD, spec(false, false))];
+    for desc in [&CROSS_ENTROPY_BACKWARD, &CROSS_ENTROPY_BACKWARD_VEC4] {
+        for grad_f16 in [false, true] {
+            if grad_f16 && !f16 {
+                continue;
+            }
+            for acc in [false, true] {
+                v.push((desc, spec(acc, grad_f16)));
+            }
+        }
+    }
+    v
 }

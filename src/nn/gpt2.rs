@@ -13,6 +13,11 @@ use crate::graph::{DType, Device, Tensor};
 use crate::nn::{Gpt2Config, Parameters};
 use crate::ops::Activation;
 
+/// The training loss's logit rows start this many elements apart (GPT-2's 50,257 classes in
+/// rows of 50,304): the LM head's product then stores whole rows straight from its
+/// accumulators, and the backward products read the logits' gradient in aligned vectors.
+const LOGIT_ROW_ALIGN: usize = 64;
+
 /// Which kernels the model runs: the fused ones, or the unfused compositions they are checked
 /// against (slow; for tests and debugging).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -271,10 +276,9 @@ impl Gpt2 {
 
     /// Mean next-token cross-entropy of `ids` (B, T) against `targets` (B, T).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        let rows = ids.numel();
-        let per_chunk = self.logit_rows_per_binding();
-        if self.kernels == Kernels::Fused && rows > per_chunk && ids.rank() == 2 {
-            return crate::ops::autocast(self.amp, || self.chunked_loss(ids, targets, per_chunk));
+        if self.kernels == Kernels::Fused && ids.rank() == 2 {
+            let per_chunk = self.logit_rows_per_binding();
+            return crate::ops::autocast(self.amp, || self.fused_loss(ids, targets, per_chunk));
         }
         let logits = self.forward(ids)?;
         match self.kernels {
@@ -283,7 +287,7 @@ impl Gpt2 {
         }
     }
 
-    /// Rows of logits (V f32 each) that fit one storage binding.
+    /// Rows of logits (V f32 each, padded to `LOGIT_ROW_ALIGN`) that fit one storage binding.
     fn logit_rows_per_binding(&self) -> usize {
         let limit = self
             .params
@@ -291,17 +295,31 @@ impl Gpt2 {
             .gpu()
             .limits
             .max_storage_buffer_binding_size as usize;
-        (limit / (4 * self.config.vocab_size)).max(1)
+        (limit / (4 * self.config.vocab_size.next_multiple_of(LOGIT_ROW_ALIGN))).max(1)
     }
 
-    /// The loss of `loss` when the logits (B*T, V) are over one storage binding: the LM head
-    /// and cross-entropy over chunks of `per_chunk` token rows, each chunk's mean weighted by
-    /// its share of the rows (the same mean; the logits live in one buffer per chunk).
-    fn chunked_loss(&self, ids: &Tensor, targets: &Tensor, per_chunk: usize) -> Result<Tensor> {
+    /// The loss of `loss` with the fused kernels: the LM head's logits (B*T, V) in rows padded
+    /// to `LOGIT_ROW_ALIGN` and cross-entropy on them. With --amp their gradient is f16 (the
+    /// LM head's backward products round it to f16 anyway). When the logits are over one
+    /// storage binding, the LM head and cross-entropy run over chunks of `per_chunk` token
+    /// rows, each chunk's mean weighted by its share of the rows (the same mean; the logits
+    /// live in one buffer per chunk).
+    fn fused_loss(&self, ids: &Tensor, targets: &Tensor, per_chunk: usize) -> Result<Tensor> {
         let n = ids.numel();
         let hidden = self.forward_hidden(ids)?;
         let c = hidden.shape()[2];
         let hidden = hidden.reshape(&[n, c])?; // (B*T, C)
+        let single = self.wte_shards()?.len() == 1;
+        // f16 gradients where the LM head is one matmul under autocast.
+        let grad_dtype = if self.amp && single {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        if n <= per_chunk {
+            let logits = self.loss_logits(&hidden)?; // (B*T, V)
+            return logits.cross_entropy_grad_as(&targets.reshape(&[n])?, None, grad_dtype);
+        }
         let host = targets
             .host_u32()
             .filter(|h| h.len() == n && targets.is_contiguous())
@@ -316,10 +334,10 @@ impl Gpt2 {
         let mut total: Option<Tensor> = None;
         for r0 in (0..n).step_by(per_chunk) {
             let rows = per_chunk.min(n - r0);
-            let logits = self.lm_head(&hidden.narrow(0, r0, rows)?)?; // (rows, V)
+            let logits = self.loss_logits(&hidden.narrow(0, r0, rows)?)?; // (rows, V)
             let t = Tensor::from_u32(device, &host[r0..r0 + rows], &[rows])?;
             let part = logits
-                .cross_entropy(&t, None)?
+                .cross_entropy_grad_as(&t, None, grad_dtype)?
                 .mul_scalar(rows as f32 / n as f32)?;
             total = Some(match total {
                 None => part,
@@ -330,6 +348,15 @@ impl Gpt2 {
             op: "gpt2 loss",
             reason: "no tokens".into(),
         })
+    }
+
+    /// The loss's logits (N, V) of hidden states (N, C): `lm_head`, its rows padded to
+    /// `LOGIT_ROW_ALIGN` elements where wte is one tensor.
+    fn loss_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        match self.wte_shards()?.as_slice() {
+            [wte] => hidden.linear_padded(&self.w(wte.name)?.t()?, LOGIT_ROW_ALIGN),
+            _ => self.lm_head(hidden),
+        }
     }
 
     fn layer_norm(&self, x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {

@@ -4,14 +4,17 @@
 //! one pass from the saved lse. `cross_entropy_unfused` is the same function in existing ops
 //! (log_softmax, a one-hot product, a sum): the reference tests compare.
 //!
-//! Shapes: logits (..., V) seen as (N, V); targets (...) or (N), u32; lse (N); loss [].
+//! Shapes: logits (..., V) seen as (N, V) rows (read in place when the leading dims merge into
+//! one row stride and columns are unit-stride: padded rows need no copy); targets (...) or
+//! (N), u32; lse (N); loss []. dlogits is made with the logits' row stride, so padded logits
+//! get padded gradients (rows on aligned boundaries for the matmuls that read them).
 //! Targets are checked on the host (every non-ignored one < V) from the copy `from_u32` keeps,
 //! so no read-back is needed. With no non-ignored target the loss is NaN (0 / 0, as PyTorch's
 //! mean) and the gradient zero.
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
-use crate::graph::{DType, Tensor};
+use crate::graph::{coalesce_joint, DType, Tensor};
 use crate::kernels::cross_entropy::{self, CrossEntropyParams, NO_IGNORE};
 use crate::kernels::reduce::ReduceOp;
 use crate::ops::elementwise::launch_copy;
@@ -21,12 +24,30 @@ const OP: &str = "cross_entropy";
 
 /// What backward needs: the logits, the targets, and the lse the forward saved.
 struct CrossEntropyBackward {
-    logits: Tensor,  // (..., V) contiguous
+    logits: Tensor,  // (..., V), rows per `rows_of`
     targets: Tensor, // (N) u32
     lse: Tensor,     // (N)
     ignore_index: u32,
     /// 1 / n_valid; 0 when every row is ignored (no row then has a gradient).
     inv_n: f32,
+    /// The element type of a new dlogits (f32, or f16 for a consumer that rounds to f16).
+    grad_dtype: DType,
+}
+
+/// Offset and row stride of `t` (..., V) as rows of V unit-stride elements, each row apart
+/// from the others; None when its leading dims do not merge into one stride.
+fn rows_of(t: &Tensor) -> Option<(usize, usize)> {
+    let r = t.rank();
+    let cols = *t.shape().last()?;
+    if cols > 1 && t.strides()[r - 1] != 1 {
+        return None;
+    }
+    let (shape, strides) = coalesce_joint(&t.shape()[..r - 1], &[&t.strides()[..r - 1]]);
+    match shape.len() {
+        0 => Some((t.layout().offset, cols)),
+        1 if strides[0][0] >= cols => Some((t.layout().offset, strides[0][0])),
+        _ => None,
+    }
 }
 
 impl Backward for CrossEntropyBackward {
@@ -45,10 +66,28 @@ impl CrossEntropyBackward {
     fn dlogits(&self, g: &Tensor, out: Out<'_>) -> Result<Tensor> {
         let x = &self.logits;
         let device = x.device();
+        let (x_off, x_rs) = rows_of(x).expect("the forward kept logits with rows");
+        let cols = x.shape().last().copied().unwrap_or(1);
         let inputs = [x, g, &self.lse, &self.targets];
-        let (target, acc) = out.resolve(OP, device, x.shape(), &inputs)?;
-        if !target.is_contiguous() {
-            // The kernel writes contiguous rows: compute into a new tensor, then copy it in.
+        let (target, acc) = match out {
+            // With the logits' row stride (their padding, if any).
+            Out::New => (
+                Tensor::uninit_rows(device, x.shape(), x_rs, self.grad_dtype, OP)?,
+                false,
+            ),
+            Out::Write(t) | Out::Acc(t) => {
+                out.resolve_typed(OP, device, x.shape(), &inputs, t.dtype())?
+            }
+        };
+        if target.dtype() == DType::U32 {
+            return Err(Error::DTypeMismatch {
+                op: OP,
+                expected: DType::F32,
+                got: DType::U32,
+            });
+        }
+        let Some((out_off, out_rs)) = rows_of(&target) else {
+            // The kernel writes rows: compute into a new tensor, then copy it in.
             let fresh = self.dlogits(g, Out::New)?;
             let out = if acc {
                 Out::Acc(&target)
@@ -56,21 +95,37 @@ impl CrossEntropyBackward {
                 Out::Write(&target)
             };
             return launch_copy(&fresh, out);
-        }
+        };
         let rows = self.lse.numel();
         let params = CrossEntropyParams {
             rows: rows as u32,
-            cols: x.shape().last().copied().unwrap_or(1) as u32,
-            x_offset: x.layout().offset as u32,
+            cols: cols as u32,
+            x_offset: x_off as u32,
             target_offset: self.targets.layout().offset as u32,
             ignore_index: self.ignore_index,
-            out_offset: target.layout().offset as u32,
+            out_offset: out_off as u32,
             g_offset: g.layout().offset as u32,
             inv_n: self.inv_n,
+            x_rs: x_rs as u32,
+            out_rs: out_rs as u32,
+            _pad: [0; 2],
+        };
+        // Vectors of 4 where every row starts on one and the last row's last vector (which may
+        // reach past V into the row's padding) lies inside both bindings.
+        let fits = |t: &Tensor, off: usize, rs: usize| {
+            let end = off + (rows - 1) * rs + cols.next_multiple_of(4);
+            off.is_multiple_of(4)
+                && rs.is_multiple_of(4)
+                && end as u64 * t.dtype().size() as u64 <= t.storage().bound_bytes()
+        };
+        let kernel = if rows > 0 && fits(x, x_off, x_rs) && fits(&target, out_off, out_rs) {
+            &cross_entropy::CROSS_ENTROPY_BACKWARD_VEC4
+        } else {
+            &cross_entropy::CROSS_ENTROPY_BACKWARD
         };
         device.record(
-            &cross_entropy::CROSS_ENTROPY_BACKWARD,
-            &cross_entropy::spec(acc),
+            kernel,
+            &cross_entropy::spec(acc, target.dtype() == DType::F16),
             &params,
             &[
                 target.storage(),
@@ -186,9 +241,25 @@ impl Tensor {
     /// `Tensor::from_u32`, over the rows whose target is not `ignore_index`; shape []. NaN
     /// when every row is ignored (as PyTorch). A target >= V is an error.
     pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<u32>) -> Result<Tensor> {
+        self.cross_entropy_grad_as(targets, ignore_index, DType::F32)
+    }
+
+    /// `cross_entropy` whose gradient of the logits is made as `grad_dtype`: f16 where the
+    /// logits' only consumer rounds that gradient to f16 anyway (an autocast matmul: the LM
+    /// head's backward), which halves its bytes and the cast.
+    pub fn cross_entropy_grad_as(
+        &self,
+        targets: &Tensor,
+        ignore_index: Option<u32>,
+        grad_dtype: DType,
+    ) -> Result<Tensor> {
         let checked = check_args(OP, self, targets, ignore_index)?;
         let n_valid = checked.n_valid();
-        let x = self.contiguous()?;
+        let x = match rows_of(self) {
+            Some(_) => self.clone(),
+            None => self.contiguous()?,
+        };
+        let (x_off, x_rs) = rows_of(&x).expect("a contiguous tensor has rows");
         let device = x.device();
         let rows = checked.rows;
         let row_loss = Tensor::uninit(device, &[rows], DType::F32, OP)?;
@@ -197,14 +268,15 @@ impl Tensor {
         let params = CrossEntropyParams {
             rows: rows as u32,
             cols: checked.classes as u32,
-            x_offset: x.layout().offset as u32,
+            x_offset: x_off as u32,
             target_offset: targets.layout().offset as u32,
             ignore_index,
+            x_rs: x_rs as u32,
             ..Default::default()
         };
         device.record(
             &cross_entropy::CROSS_ENTROPY_FORWARD,
-            &cross_entropy::spec(false),
+            &cross_entropy::spec(false, false),
             &params,
             &[
                 row_loss.storage(),
@@ -229,6 +301,7 @@ impl Tensor {
             lse,
             ignore_index,
             inv_n: if n_valid == 0 { 0.0 } else { inv_n },
+            grad_dtype,
         }))
     }
 

@@ -63,8 +63,24 @@ impl LinearBackward {
             ctx.put_with(2, |out| dz.sum_to_shape_into(&[n], out))?;
         }
         if ctx.needed(1) {
-            let xt = self.x.t()?;
-            ctx.put_with(1, |out| xt.matmul_into(&dz, out))?;
+            let x = &self.x;
+            ctx.put_with(1, |out| match out {
+                // W is a transposed view (the LM head's tied embedding): dW^T = dz^T x into the
+                // row-major image, so the product stores rows, not a column per element.
+                Out::Write(t) | Out::Acc(t)
+                    if t.rank() == 2 && t.strides()[0] == 1 && t.strides()[1] != 1 =>
+                {
+                    let image = t.t()?;
+                    let target = if matches!(out, Out::Acc(_)) {
+                        Out::Acc(&image)
+                    } else {
+                        Out::Write(&image)
+                    };
+                    dz.t()?.matmul_into(x, target)?;
+                    Ok(t.clone())
+                }
+                out => x.t()?.matmul_into(&dz, out),
+            })?;
         }
         if ctx.needed(0) {
             let x_shape = ctx.input(0).shape().to_vec();
@@ -106,6 +122,25 @@ impl Tensor {
         act: Activation,
         dtype: DType,
     ) -> Result<Tensor> {
+        self.linear_rows(w, b, act, dtype, 1)
+    }
+
+    /// `linear` (no bias) whose output rows are `row_align`-element aligned: (rows, N) over a
+    /// (rows, N rounded up) buffer. An output as wide as the LM head's (N = 50,257 logits) is
+    /// then stored straight from the matmul's accumulators, and its gradient (made with the
+    /// same rows by cross-entropy) is read by the backward matmuls in vectors.
+    pub fn linear_padded(&self, w: &Tensor, row_align: usize) -> Result<Tensor> {
+        self.linear_rows(w, None, Activation::None, DType::F32, row_align)
+    }
+
+    fn linear_rows(
+        &self,
+        w: &Tensor,
+        b: Option<&Tensor>,
+        act: Activation,
+        dtype: DType,
+        row_align: usize,
+    ) -> Result<Tensor> {
         const OP: &str = "linear";
         if w.rank() != 2 || self.rank() == 0 || self.shape()[self.rank() - 1] != w.shape()[0] {
             return Err(Error::ShapeMismatch {
@@ -131,13 +166,27 @@ impl Tensor {
         *out_shape.last_mut().expect("rank checked") = n;
         let xd = x.detach();
         let wd = w.detach();
+        let padded = match n.next_multiple_of(row_align.max(1)) {
+            stride if stride > n => Some(Tensor::uninit_rows(
+                self.device(),
+                &[rows, n],
+                stride,
+                dtype,
+                OP,
+            )?),
+            _ => None,
+        };
+        let out = match &padded {
+            Some(t) => Out::Write(t),
+            None => Out::New,
+        };
         let (y, pre) = match (b, act) {
             (None, _) => (
-                xd.matmul_epilogue_into(&wd, Epilogue::None, Out::New, dtype)?,
+                xd.matmul_epilogue_into(&wd, Epilogue::None, out, dtype)?,
                 None,
             ),
             (Some(bias), Activation::None) => (
-                xd.matmul_epilogue_into(&wd, Epilogue::Bias(&bias.detach()), Out::New, dtype)?,
+                xd.matmul_epilogue_into(&wd, Epilogue::Bias(&bias.detach()), out, dtype)?,
                 None,
             ),
             (Some(bias), Activation::Gelu) => {
@@ -148,7 +197,7 @@ impl Tensor {
                         bias: &bias.detach(),
                         pre: &pre,
                     },
-                    Out::New,
+                    out,
                     dtype,
                 )?;
                 (y, Some(pre))
