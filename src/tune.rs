@@ -1,23 +1,43 @@
 //! Tile search for matmul products: every tile the product's kernel can run here multiplies
-//! fresh random operands laid out as the product's key says, timed on the GPU; the fastest
-//! goes into the device's tile table (`Device::set_tile`), which `save_tiles` writes to the
+//! fresh random operands laid out as the product's key says, timed on the GPU; then, for a
+//! product that may split K, the fastest tile in each of `SPLITS` numbers of K ranges (how
+//! many workgroups fill the GPU in whole waves is measured, not known); the fastest goes into
+//! the device's tile table (`Device::set_tile`), which `save_tiles` writes to the
 //! adapter's cache file for later runs. Searches measure; nothing here asserts on timing.
 
 use std::path::PathBuf;
 
 use crate::error::Result;
 use crate::graph::{DType, Device, Tensor};
+use crate::kernels::matmul::SPLIT_MIN_K;
 use crate::kernels::tuning::{self, ProductKey, TileChoice};
+use crate::ops::matmul::max_splits;
 use crate::ops::matmul::Epilogue;
 use crate::ops::{autocast, candidate_tiles, heuristic_tile, Out};
 use crate::profile::ceilings::{gpu_ms, warm_up};
 
-/// One tile's time on a product.
+/// The numbers of K ranges a search tries on a product that may split K (each range at least
+/// `SPLIT_MIN_K` long).
+pub const SPLITS: [u32; 8] = [1, 2, 3, 4, 5, 6, 8, 12];
+
+/// One configuration's time on a product.
 #[derive(Clone, Copy, Debug)]
 pub struct Measured {
     pub tile: TileChoice,
+    /// K ranges, where the search set them (None: the launcher's rule).
+    pub split: Option<u32>,
     /// Median milliseconds per product.
     pub ms: f64,
+}
+
+impl Measured {
+    /// `coop 2x2/4x4/32`, with ` split 4` where the search set the K ranges.
+    pub fn name(&self) -> String {
+        match self.split {
+            Some(s) => format!("{} split {s}", self.tile.name()),
+            None => self.tile.name(),
+        }
+    }
 }
 
 /// What a search measured for one product.
@@ -29,20 +49,24 @@ pub struct Search {
     pub measured: Vec<Measured>,
 }
 
+fn best_of(measured: &[Measured]) -> Measured {
+    *measured
+        .iter()
+        .min_by(|a, b| a.ms.total_cmp(&b.ms))
+        .expect("a search measures one tile at least")
+}
+
 impl Search {
     pub fn best(&self) -> Measured {
-        *self
-            .measured
-            .iter()
-            .min_by(|a, b| a.ms.total_cmp(&b.ms))
-            .expect("a search measures one tile at least")
+        best_of(&self.measured)
     }
 
-    /// The default tile's time, when it was among the candidates.
+    /// The default tile's time (with the launcher's K ranges), when it was among the
+    /// candidates.
     pub fn default_ms(&self) -> Option<f64> {
         self.measured
             .iter()
-            .find(|m| m.tile == self.default)
+            .find(|m| m.tile == self.default && m.split.is_none())
             .map(|m| m.ms)
     }
 }
@@ -76,19 +100,36 @@ pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
     ))
 }
 
-/// Median GPU milliseconds of `a @ b` (under autocast when `half`; plus a bias when `bias`, as
-/// `linear` records it) over `reps` products after as many untimed (`profile::ceilings::
-/// gpu_ms`: the split-K sum, where there is one, included).
+/// Median GPU milliseconds of `a @ b` as `key` says: under autocast when `half`; plus a bias,
+/// or a bias and GELU into an output of the autocast type (f16 under autocast), as `linear`
+/// records them; over `reps` products after as many untimed (`profile::ceilings::gpu_ms`: the
+/// split-K sum, where there is one, included).
 pub fn time_product(
     device: &Device,
     a: &Tensor,
     b: &Tensor,
-    (half, bias): (bool, bool),
+    key: &ProductKey,
     reps: usize,
 ) -> Result<f64> {
-    if bias {
+    let half = key.half;
+    if key.bias {
         let n = b.shape()[b.rank() - 1];
         let bias = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 3)?;
+        if key.gelu {
+            let mut shape = a.shape().to_vec();
+            *shape.last_mut().expect("an operand of rank 2 or more") = n;
+            let pre = Tensor::zeros(device, &shape)?;
+            let out = if half { DType::F16 } else { DType::F32 };
+            return gpu_ms(device, reps, || {
+                autocast(half, || {
+                    let epilogue = Epilogue::BiasGelu {
+                        bias: &bias,
+                        pre: &pre,
+                    };
+                    a.matmul_epilogue_into(b, epilogue, Out::New, out)
+                })
+            });
+        }
         return gpu_ms(device, reps, || {
             autocast(half, || {
                 a.matmul_epilogue_into(b, Epilogue::Bias(&bias), Out::New, DType::F32)
@@ -103,12 +144,33 @@ pub fn time_product(
 pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> {
     let (a, b) = operands(device, key)?;
     warm_up(device, 20.0)?;
-    let mut measured = Vec::new();
-    for tile in candidate_tiles(device, key) {
+    let time = |tile: TileChoice, split: Option<u32>| -> Result<Measured> {
         device.force_tile(Some(tile));
-        let ms = time_product(device, &a, &b, (key.half, key.bias), reps);
+        device.force_split(split);
+        let ms = time_product(device, &a, &b, key, reps);
         device.force_tile(None);
-        measured.push(Measured { tile, ms: ms? });
+        device.force_split(None);
+        Ok(Measured {
+            tile,
+            split,
+            ms: ms?,
+        })
+    };
+    let mut measured = candidate_tiles(device, key)
+        .into_iter()
+        .map(|tile| time(tile, None))
+        .collect::<Result<Vec<_>>>()?;
+    // Plain products of batch 1 may split K: the best tile in each number of ranges (each at
+    // least SPLIT_MIN_K long, their partial products within one storage binding).
+    if !key.bias && key.batch == 1 {
+        let tile = best_of(&measured).tile;
+        let most = max_splits(device, key.m as usize, key.n as usize);
+        for split in SPLITS {
+            let long = key.k as usize / split as usize >= SPLIT_MIN_K;
+            if split == 1 || (long && split as usize <= most) {
+                measured.push(time(tile, Some(split))?);
+            }
+        }
     }
     let search = Search {
         key: *key,
@@ -116,7 +178,7 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
         measured,
     };
     let best = search.best();
-    device.set_tile(*key, best.tile, best.ms);
+    device.set_tile(*key, best.tile, best.split, best.ms);
     Ok(search)
 }
 

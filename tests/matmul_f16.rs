@@ -215,6 +215,54 @@ fn f16_outputs_epilogues_and_accumulation() {
     );
 }
 
+/// GELU products over whole workgroup tiles and on the edge: the outputs (f16 and f32) and the
+/// input gradient, which reads the saved pre-activation back, must agree with f64.
+#[test]
+fn gelu_products_inside_and_on_the_edge() {
+    let d = dev();
+    let mut rng = rng("f16 matmul gelu direct");
+    let k0 = (2.0 / std::f64::consts::PI).sqrt();
+    let gelu = |v: f64| 0.5 * v * (1.0 + (k0 * (v + 0.044715 * v * v * v)).tanh());
+    let dgelu = |v: f64| {
+        let t = (k0 * (v + 0.044715 * v * v * v)).tanh();
+        0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k0 * (1.0 + 3.0 * 0.044715 * v * v)
+    };
+    for (m, k, n) in [(150, 96, 160), (256, 64, 256), (130, 32, 130)] {
+        let (x, w, bias, z) = bias_product(&mut rng, m, k, n);
+        let (wt, bt) = (upload_as(d, &w, DType::F16), bias.upload(d));
+        for dtype in [DType::F16, DType::F32] {
+            let xl = x.upload(d).requires_grad();
+            let y = autocast(true, || {
+                xl.linear_as(&wt, Some(&bt), Activation::Gelu, dtype)
+            })
+            .unwrap();
+            let want = z.map(gelu);
+            let what = format!("GELU product {m}x{k}x{n} into {dtype:?}");
+            match dtype {
+                DType::F16 => check(
+                    &y,
+                    &want.map(|v| half::f16::from_f64(v).to_f64()),
+                    2e-3,
+                    &what,
+                ),
+                _ => check(&y, &want, ROUNDED_TOL, &what),
+            }
+            if dtype == DType::F32 {
+                let g = Arr::rand(&mut rng, &[m, n], -1.0, 1.0);
+                y.backward_with(&g.upload(d)).unwrap();
+                let dz = g.zip(&z, |g, v| g * dgelu(v));
+                let dx = dz.matmul(&w.map(|v| half::f16::from_f64(v).to_f64()).t());
+                check(
+                    &xl.grad().unwrap(),
+                    &dx,
+                    2e-2,
+                    &format!("{what}: dx through pre"),
+                );
+            }
+        }
+    }
+}
+
 /// A bias product into f32 on cooperative matrices: the workgroup tiles wholly inside C start
 /// their accumulators from the bias and store straight to C; the tiles on the edge (150 rows
 /// is not a whole number of tiles) go through the scratch epilogue. Both must agree with f64.

@@ -1091,6 +1091,43 @@ fn matmul_split_k_writes_accumulates_and_reaches_views() {
     );
 }
 
+/// The numbers of K ranges a tile search tries (and a table may hold): every one, and one
+/// larger than K has steps, gives the product, written and accumulated.
+#[test]
+fn matmul_every_measured_split_of_k() {
+    use wgrad::tune::SPLITS;
+    let d = private_dev();
+    let mut rng = rng("matmul measured splits");
+    let (m, k, n) = (37, 3001, 29);
+    for split in SPLITS.into_iter().chain([100_000]) {
+        d.force_split(Some(split));
+        check_matmul(&d, &mut rng, (m, k, n), false, false);
+        check_matmul(&d, &mut rng, (m, k, n), true, true);
+        let x = Arr::rand(&mut rng, &[k, m], -1.0, 1.0);
+        let w = Arr::rand(&mut rng, &[m, n], -1.0, 1.0);
+        let (g1, g2) = (
+            Arr::rand(&mut rng, &[k, n], -1.0, 1.0),
+            Arr::rand(&mut rng, &[k, n], -1.0, 1.0),
+        );
+        let wl = w.upload(&d).requires_grad();
+        let xt = x.upload(&d);
+        for g in [&g1, &g2] {
+            xt.matmul(&wl)
+                .unwrap()
+                .backward_with(&g.upload(&d))
+                .unwrap();
+        }
+        let want = x.t().matmul(&g1).zip(&x.t().matmul(&g2), |a, b| a + b);
+        check(
+            &wl.grad().unwrap(),
+            &want,
+            TOL,
+            &format!("dW accumulated, K in {split} ranges"),
+        );
+    }
+    d.force_split(None);
+}
+
 #[test]
 fn matmul_batched_and_broadcast_batches() {
     let d = dev();
@@ -2121,5 +2158,74 @@ fn trim_then_reuse_gives_correct_results() {
         );
         drop(x);
         d.trim(); // destroys the cached buffers; their bind groups must go too
+    }
+}
+
+/// A tile search over a step's products: plain, bias and GELU products each get a measured
+/// configuration (K ranges only where a plain product may split K), and the step gives the
+/// same gradients on the tuned configurations.
+#[test]
+fn tile_search_covers_plain_bias_and_gelu_products() {
+    use wgrad::ops::Activation;
+    let d = private_dev();
+    let mut rng = rng("tile search");
+    let (rows, c, h) = (512, 40, 48);
+    let x = Arr::rand(&mut rng, &[rows, c], -1.0, 1.0).upload(&d);
+    let w1 = Arr::rand(&mut rng, &[c, h], -0.5, 0.5)
+        .upload(&d)
+        .requires_grad();
+    let b1 = Arr::rand(&mut rng, &[h], -0.5, 0.5)
+        .upload(&d)
+        .requires_grad();
+    let w2 = Arr::rand(&mut rng, &[h, c], -0.5, 0.5)
+        .upload(&d)
+        .requires_grad();
+    let step = || -> wgrad::Result<Vec<Vec<f32>>> {
+        for p in [&w1, &b1, &w2] {
+            p.zero_grad();
+        }
+        let y = x.linear(&w1, Some(&b1), Activation::Gelu)?;
+        let z = y.linear(&w2, None, Activation::None)?;
+        z.square()?.sum_all()?.backward()?;
+        [&w1, &b1, &w2]
+            .iter()
+            .map(|p| p.grad().expect("reached by backward").to_vec())
+            .collect()
+    };
+    let before = step().unwrap();
+    let searches = wgrad::tune::search_step(&d, 1, || step().map(drop)).unwrap();
+    let keys: Vec<_> = searches.iter().map(|s| s.key).collect();
+    assert!(keys.iter().any(|k| k.gelu && k.bias), "{keys:?}");
+    assert!(
+        keys.iter().any(|k| !k.bias && k.k as usize == rows),
+        "{keys:?}"
+    );
+    let tuned = d.tile_rows();
+    for s in &searches {
+        let best = s.best();
+        assert!(
+            tuned
+                .iter()
+                .any(|(k, t, split, _)| *k == s.key && *t == best.tile && *split == best.split),
+            "{}: the winner is in the table",
+            s.key.describe()
+        );
+        // Splits are measured for plain products (K = 512: one range or two).
+        let splits: Vec<_> = s.measured.iter().filter_map(|m| m.split).collect();
+        if s.key.bias {
+            assert!(splits.is_empty(), "{}", s.key.describe());
+        } else if s.key.k as usize == rows {
+            assert_eq!(splits, [1, 2], "{}", s.key.describe());
+        }
+    }
+    let after = step().unwrap();
+    for (i, (a, b)) in after.iter().zip(&before).enumerate() {
+        let want: Vec<f64> = b.iter().map(|&v| v as f64).collect();
+        assert_close(
+            a,
+            &want,
+            TOL,
+            &format!("gradient {i} on the tuned configurations"),
+        );
     }
 }

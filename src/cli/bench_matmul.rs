@@ -162,6 +162,7 @@ pub fn run(args: &Args) -> Result<()> {
             a_t,
             b_t,
             bias: false,
+            gelu: false,
         };
         let search: Option<Search> = if args.search {
             Some(tune::search(&device, &key, args.reps)?)
@@ -169,7 +170,7 @@ pub fn run(args: &Args) -> Result<()> {
             None
         };
         let (a, b) = tune::operands(&device, &key)?;
-        let ms = tune::time_product(&device, &a, &b, (half, false), args.reps)?;
+        let ms = tune::time_product(&device, &a, &b, &key, args.reps)?;
         let c_bytes = 4 * m * n * batch;
         let bytes = batch * (m * k * if a_f16 { 2 } else { 4 } + k * n * if b_f16 { 2 } else { 4 })
             + c_bytes;
@@ -179,7 +180,7 @@ pub fn run(args: &Args) -> Result<()> {
                 s.measured
                     .iter()
                     .map(|t| TileRow {
-                        tile: t.tile.name(),
+                        tile: t.name(),
                         ms: t.ms,
                         tflops: tflops(&key, t.ms),
                     })

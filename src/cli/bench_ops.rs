@@ -127,6 +127,7 @@ fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<Ma
             a_t: false,
             b_t: bt,
             bias: false,
+            gelu: false,
         };
         let gflops = 2.0 * (m * n * k * batch) as f64 / (ms * 1e-3) / 1e9;
         rows.push(MatmulRow {

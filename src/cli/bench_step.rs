@@ -106,7 +106,7 @@ pub fn run(args: &Args) -> Result<()> {
             .iter()
             .map(|s| Tuned {
                 product: s.key.describe(),
-                tile: s.best().tile.name(),
+                tile: s.best().name(),
                 ms: s.best().ms,
                 default_tile: s.default.name(),
                 default_ms: s.default_ms(),

@@ -48,6 +48,8 @@ struct State {
     tiles: TileTable,
     /// A tile every product runs on, whatever the table says (set by searches).
     forced_tile: Option<TileChoice>,
+    /// K ranges every splittable product runs in, whatever the table says (set by searches).
+    forced_split: Option<u32>,
     /// The products recorded while logging (`log_products`).
     product_log: Option<Vec<ProductKey>>,
 }
@@ -146,6 +148,7 @@ impl Device {
             timer: None,
             tiles: load_tiles(&gpu.info),
             forced_tile: None,
+            forced_split: None,
             product_log: None,
         };
         Ok(Device {
@@ -262,13 +265,27 @@ impl Device {
         self.state().forced_tile = tile;
     }
 
-    /// Records a measured tile for `key` (kept in memory; `tile_table_json` writes it out).
-    pub fn set_tile(&self, key: ProductKey, tile: TileChoice, ms: f64) {
-        self.state().tiles.insert(key, tile, ms);
+    /// The number of K ranges `key` runs in, where forced or measured (else the launcher's
+    /// rule decides).
+    pub fn split_for(&self, key: &ProductKey) -> Option<u32> {
+        let s = self.state();
+        s.forced_split.or_else(|| s.tiles.split(key))
     }
 
-    /// The measured tiles as rows (key, tile, ms).
-    pub fn tile_rows(&self) -> Vec<(ProductKey, TileChoice, f64)> {
+    /// Runs every product that may split K in `split` ranges (None: back to the table and the
+    /// rule).
+    pub fn force_split(&self, split: Option<u32>) {
+        self.state().forced_split = split;
+    }
+
+    /// Records a measured tile and K ranges for `key` (kept in memory; `tile_table_json`
+    /// writes it out).
+    pub fn set_tile(&self, key: ProductKey, tile: TileChoice, split: Option<u32>, ms: f64) {
+        self.state().tiles.insert(key, tile, split, ms);
+    }
+
+    /// The measured configurations as rows (key, tile, split, ms).
+    pub fn tile_rows(&self) -> Vec<(ProductKey, TileChoice, Option<u32>, f64)> {
         self.state().tiles.rows()
     }
 

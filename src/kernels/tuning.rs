@@ -1,5 +1,6 @@
 //! Matmul tiles measured on this adapter: a table from a product (shape, layout, precision) to
-//! the tile that ran it fastest. `wgrad bench matmul --search` and `wgrad bench step --tune`
+//! the tile that ran it fastest, and for a product that may split K, the number of K ranges
+//! (measured, since how many workgroups fill the GPU is not something wgpu tells). `wgrad bench matmul --search` and `wgrad bench step --tune`
 //! fill it (see `crate::tune`); it is kept on disk per adapter and driver, and a product the
 //! table does not know gets the tile the shape heuristics choose.
 
@@ -29,6 +30,10 @@ pub struct ProductKey {
     /// A bias (and GELU) epilogue: such products cannot split K, so they tune apart.
     #[serde(default)]
     pub bias: bool,
+    /// The GELU epilogue (with `bias`): it stores twice (pre-activation and output), so it
+    /// tunes apart from a bias product.
+    #[serde(default)]
+    pub gelu: bool,
 }
 
 impl ProductKey {
@@ -49,7 +54,9 @@ impl ProductKey {
         if self.b_t {
             s += " B^T";
         }
-        if self.bias {
+        if self.gelu {
+            s += " +bias+gelu";
+        } else if self.bias {
             s += " +bias";
         }
         s
@@ -88,6 +95,9 @@ struct Entry {
     #[serde(flatten)]
     key: ProductKey,
     tile: String,
+    /// Ranges of K (split-K), where measured; else the launcher's rule decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    split: Option<u32>,
     /// Median GPU time of the winning tile when it was measured.
     ms: f64,
 }
@@ -102,17 +112,23 @@ struct File {
 /// The measured tiles of one adapter and driver.
 #[derive(Default)]
 pub struct TileTable {
-    entries: HashMap<ProductKey, (TileChoice, f64)>,
+    entries: HashMap<ProductKey, (TileChoice, Option<u32>, f64)>,
 }
 
 impl TileTable {
     pub fn get(&self, key: &ProductKey) -> Option<TileChoice> {
-        self.entries.get(key).map(|(c, _)| *c)
+        self.entries.get(key).map(|(c, _, _)| *c)
     }
 
-    /// Records `choice` (measured at `ms`) as the tile of `key`.
-    pub fn insert(&mut self, key: ProductKey, choice: TileChoice, ms: f64) {
-        self.entries.insert(key, (choice, ms));
+    /// The measured number of K ranges of `key`, if any.
+    pub fn split(&self, key: &ProductKey) -> Option<u32> {
+        self.entries.get(key).and_then(|(_, s, _)| *s)
+    }
+
+    /// Records `choice` with `split` K ranges (None: the launcher's rule), measured at `ms`,
+    /// as the configuration of `key`.
+    pub fn insert(&mut self, key: ProductKey, choice: TileChoice, split: Option<u32>, ms: f64) {
+        self.entries.insert(key, (choice, split, ms));
     }
 
     pub fn len(&self) -> usize {
@@ -123,16 +139,16 @@ impl TileTable {
         self.entries.is_empty()
     }
 
-    /// (key, tile, ms) in a stable order (by shape).
-    pub fn rows(&self) -> Vec<(ProductKey, TileChoice, f64)> {
+    /// (key, tile, split, ms) in a stable order (by shape).
+    pub fn rows(&self) -> Vec<(ProductKey, TileChoice, Option<u32>, f64)> {
         let mut rows: Vec<_> = self
             .entries
             .iter()
-            .map(|(k, (c, ms))| (*k, *c, *ms))
+            .map(|(k, (c, split, ms))| (*k, *c, *split, *ms))
             .collect();
-        rows.sort_by_key(|(k, _, _)| {
+        rows.sort_by_key(|(k, _, _, _)| {
             (
-                k.m, k.n, k.k, k.batch, k.half, k.a_f16, k.b_f16, k.a_t, k.b_t,
+                k.m, k.n, k.k, k.batch, k.half, k.a_f16, k.b_f16, k.a_t, k.b_t, k.bias, k.gelu,
             )
         });
         rows
@@ -146,9 +162,10 @@ impl TileTable {
             entries: self
                 .rows()
                 .into_iter()
-                .map(|(key, c, ms)| Entry {
+                .map(|(key, c, split, ms)| Entry {
                     key,
                     tile: c.name(),
+                    split,
                     ms,
                 })
                 .collect(),
@@ -166,7 +183,7 @@ impl TileTable {
         }
         for e in file.entries {
             if let Some(c) = TileChoice::parse(&e.tile) {
-                table.insert(e.key, c, e.ms);
+                table.insert(e.key, c, e.split.filter(|&s| s >= 1), e.ms);
             }
         }
         Ok(table)
@@ -233,16 +250,23 @@ mod tests {
             a_t: false,
             b_t: true,
             bias: false,
+            gelu: false,
         };
         let mut t = TileTable::default();
-        t.insert(key, TileChoice::parse("coop 2x4/4x2/64").unwrap(), 1.5);
+        t.insert(
+            key,
+            TileChoice::parse("coop 2x4/4x2/64").unwrap(),
+            Some(3),
+            1.5,
+        );
         let tiled = ProductKey { half: false, ..key };
-        t.insert(tiled, TileChoice::Tiled(TILES[1]), 2.5);
+        t.insert(tiled, TileChoice::Tiled(TILES[1]), None, 2.5);
         let json = t.to_json("GPU", "1.0");
         let back = TileTable::from_json(&json, "GPU", "1.0").unwrap();
         assert_eq!(back.rows().len(), 2);
         assert_eq!(back.get(&key), t.get(&key));
         assert_eq!(back.get(&tiled), Some(TileChoice::Tiled(TILES[1])));
+        assert_eq!((back.split(&key), back.split(&tiled)), (Some(3), None));
         assert!(TileTable::from_json(&json, "GPU", "2.0")
             .unwrap()
             .is_empty());

@@ -155,15 +155,27 @@ fn choose_kernel(dev: &Device, key: &ProductKey) -> Choice {
     }
 }
 
-/// The kernel variant a product runs on, as benchmarks print it.
+/// The most ranges of K an M x N product may split into: its f32 partial products (S, M, N)
+/// fit one storage binding (at least 1).
+pub fn max_splits(dev: &Device, m: usize, n: usize) -> usize {
+    let limit = dev.gpu().limits.max_storage_buffer_binding_size as usize;
+    (limit / (4 * m * n).max(1)).max(1)
+}
+
+/// The kernel variant a product runs on, as benchmarks print it (with the measured number of
+/// K ranges, where the tile table holds one).
 pub fn matmul_variant(device: &Device, key: &ProductKey) -> String {
-    match choose_kernel(device, key) {
+    let kernel = match choose_kernel(device, key) {
         Choice::Coop(coop, tile) => tile.describe(coop.fs),
         Choice::Tiled(tile) => format!(
             "tiled {}{}",
             tile.name(),
             if key.half { " f16" } else { "" }
         ),
+    };
+    match device.split_for(key) {
+        Some(s) if !key.bias && key.batch == 1 => format!("{kernel} split {s}"),
+        _ => kernel,
     }
 }
 
@@ -338,6 +350,7 @@ impl Tensor {
             a_t: params.a_ms == 1 && params.a_ks != 1,
             b_t: params.b_ks == 1 && params.b_ns != 1,
             bias: !matches!(epilogue, Epilogue::None),
+            gelu: matches!(epilogue, Epilogue::BiasGelu { .. }),
         };
         let dev = self.device();
         let choice = choose_kernel(dev, &key);
@@ -349,7 +362,12 @@ impl Tensor {
         // Too few workgroups over a long K: ranges of K in workgroups of their own, partial
         // products summed by a second kernel (plain products only; batch 1).
         let split = match epilogue {
-            Epilogue::None if batch == 1 => matmul::split_k(tiles, k),
+            Epilogue::None if batch == 1 => match dev.split_for(&key) {
+                // Measured (or forced by a search): at most one range a K step.
+                Some(s) => (s as usize).clamp(1, k.div_ceil(bk as usize)),
+                None => matmul::split_k(tiles, k),
+            }
+            .min(max_splits(dev, m, n)),
             _ => 1,
         };
         // With a split the matmul kernel writes f32 partials, the sum adds or writes C.
@@ -389,6 +407,7 @@ impl Tensor {
                     && kernel_types.c == DType::F32
                     && (split > 1 || params.c_ns == 1)
                     && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4));
+
                 (
                     [
                         &matmul_coop::MATMUL_COOP,
