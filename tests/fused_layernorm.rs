@@ -99,6 +99,10 @@ fn fused_matches_unfused_values_and_gradients() -> Result<()> {
         vec![33, 255],
         vec![3, 11, 768],
         vec![5, 1000],
+        // Chunks of 32 rows for dgamma and dbeta: 18 (two groups of 8 summed side by side,
+        // and 2 more), and 256 (the most).
+        vec![562, 37],
+        vec![2, 4096, 24],
     ] {
         let (x, gamma, beta) = inputs(&mut rng, &shape);
         let w = Arr::rand(&mut rng, &shape, -1.0, 1.0);

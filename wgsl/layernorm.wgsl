@@ -15,7 +15,8 @@
 //   sums rows [chunk * chunk_rows, (chunk + 1) * chunk_rows) into the (2, n_chunks, C)
 //   scratch: partial[0, chunk, c] (dgamma), partial[1, chunk, c] (dbeta).
 // layernorm_backward_sum: stage 2, one lane per column: sums the n_chunks partials starting
-//   at partial_offset (0: dgamma, n_chunks * C: dbeta) into dparam[out_offset + c * out_stride].
+//   at partial_offset (0: dgamma, n_chunks * C: dbeta) into dparam[out_offset + c * out_stride],
+//   SUM_LANES chunks at a time into SUM_LANES running sums (the last few into one), added in order.
 //   Fixed summation order: the same bits every run (no atomics).
 //
 // Memory: x and dy are (rows, C) row-major from x_offset / dy_offset; gamma and beta (C) from
@@ -159,15 +160,30 @@ fn layernorm_backward_partial(@builtin(workgroup_id) wid: vec3<u32>,
     partial[(p.n_chunks + chunk) * p.cols + c] = dbeta;
 }
 
+const SUM_LANES: u32 = 8u;
+
 @compute @workgroup_size(RED_WG)
 fn layernorm_backward_sum(@builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
     let c = (wid.y * nwg.x + wid.x) * RED_WG + lid;
     if (c >= p.cols) { return; }
+    // SUM_LANES partial sums, so that as many loads are in flight a lane (a handful of
+    // workgroups run this: one chain of dependent adds took 15 us for 128 chunks on an H200);
+    // added in a fixed order.
+    var part: array<f32, SUM_LANES>;
+    var k = 0u;
+    for (; k + SUM_LANES <= p.n_chunks; k += SUM_LANES) {
+        for (var u = 0u; u < SUM_LANES; u++) {
+            part[u] += partial_in[p.partial_offset + (k + u) * p.cols + c];
+        }
+    }
     var s = 0.0;
-    for (var k = 0u; k < p.n_chunks; k++) {
+    for (; k < p.n_chunks; k++) {
         s += partial_in[p.partial_offset + k * p.cols + c];
+    }
+    for (var u = 0u; u < SUM_LANES; u++) {
+        s += part[u];
     }
     let o = p.out_offset + c * p.out_stride;
     if (ACC) {
