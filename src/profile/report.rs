@@ -114,45 +114,59 @@ pub(super) fn build(
         max: walls.iter().copied().fold(0.0, f64::max),
     };
 
+    // Dispatch count and GPU ms over the steady steps, by kernel and by kernel, variant and
+    // workgroups.
     let mut kernels: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
-    for s in &steady {
-        for i in &s.gpu {
-            let e = kernels.entry(i.label).or_default();
-            e.0 += 1.0;
-            e.1 += (i.end_ns - i.start_ns) * 1e-6;
-        }
-    }
-    let busy: f64 = kernels.values().map(|(_, ms)| ms).sum::<f64>() / n;
-    let mut rows: Vec<KernelRow> = kernels
-        .into_iter()
-        .map(|(name, (count, ms))| KernelRow {
-            name: name.to_string(),
-            count: count / n,
-            total_ms: ms / n,
-            avg_us: if count > 0.0 { ms * 1e3 / count } else { 0.0 },
-            share: if busy > 0.0 { ms / n / busy } else { 0.0 },
-        })
-        .collect();
-    rows.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
-
     let mut shapes: BTreeMap<(&str, &str, [u32; 3]), (f64, f64)> = BTreeMap::new();
     for s in &steady {
         for i in &s.gpu {
-            let e = shapes.entry((i.label, &i.variant, i.groups)).or_default();
-            e.0 += 1.0;
-            e.1 += (i.end_ns - i.start_ns) * 1e-6;
+            let ms = (i.end_ns - i.start_ns) * 1e-6;
+            for e in [
+                kernels.entry(i.label).or_default(),
+                shapes.entry((i.label, &i.variant, i.groups)).or_default(),
+            ] {
+                e.0 += 1.0;
+                e.1 += ms;
+            }
         }
     }
+    let busy: f64 = kernels.values().map(|(_, ms)| ms).sum::<f64>() / n;
+    // (count, total ms, avg us, share) per step.
+    let per_step = |count: f64, ms: f64| {
+        (
+            count / n,
+            ms / n,
+            if count > 0.0 { ms * 1e3 / count } else { 0.0 },
+            if busy > 0.0 { ms / n / busy } else { 0.0 },
+        )
+    };
+    let mut rows: Vec<KernelRow> = kernels
+        .into_iter()
+        .map(|(name, (count, ms))| {
+            let (count, total_ms, avg_us, share) = per_step(count, ms);
+            KernelRow {
+                name: name.to_string(),
+                count,
+                total_ms,
+                avg_us,
+                share,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
     let mut dispatches: Vec<DispatchRow> = shapes
         .into_iter()
-        .map(|((name, variant, groups), (count, ms))| DispatchRow {
-            name: name.to_string(),
-            variant: variant.to_string(),
-            groups,
-            count: count / n,
-            total_ms: ms / n,
-            avg_us: if count > 0.0 { ms * 1e3 / count } else { 0.0 },
-            share: if busy > 0.0 { ms / n / busy } else { 0.0 },
+        .map(|((name, variant, groups), (count, ms))| {
+            let (count, total_ms, avg_us, share) = per_step(count, ms);
+            DispatchRow {
+                name: name.to_string(),
+                variant: variant.to_string(),
+                groups,
+                count,
+                total_ms,
+                avg_us,
+                share,
+            }
         })
         .collect();
     dispatches.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
