@@ -20,6 +20,12 @@ use crate::profile::ceilings::{gpu_ms, warm_up};
 /// `SPLIT_MIN_K` long).
 pub const SPLITS: [u32; 8] = [1, 2, 3, 4, 5, 6, 8, 12];
 
+/// Milliseconds of arithmetic a step's search runs before its first product.
+const FIRST_WARM_MS: f64 = 500.0;
+
+/// How many of the fastest whole-K tiles a search tries in `SPLITS` ranges.
+pub const SPLIT_TILES: usize = 3;
+
 /// One configuration's time on a product.
 #[derive(Clone, Copy, Debug)]
 pub struct Measured {
@@ -102,8 +108,9 @@ pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
 
 /// Median GPU milliseconds of `a @ b` as `key` says: under autocast when `half`; plus a bias,
 /// or a bias and GELU into an output of the autocast type (f16 under autocast), as `linear`
-/// records them; over `reps` products after as many untimed (`profile::ceilings::gpu_ms`: the
-/// split-K sum, where there is one, included).
+/// records them; over `reps` products after untimed ones that compile the pipelines and bring
+/// the GPU's clocks up (`profile::ceilings::gpu_ms`: the split-K sum, where there is one,
+/// included).
 pub fn time_product(
     device: &Device,
     a: &Tensor,
@@ -143,10 +150,12 @@ pub fn time_product(
 /// returns what it measured.
 pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> {
     let (a, b) = operands(device, key)?;
-    warm_up(device, 20.0)?;
     let time = |tile: TileChoice, split: Option<u32>| -> Result<Measured> {
         device.force_tile(Some(tile));
         device.force_split(split);
+        if crate::profile::ceilings::trace_timing() {
+            eprintln!("timing: {key:?} {} split {split:?}", tile.name());
+        }
         let ms = time_product(device, &a, &b, key, reps);
         device.force_tile(None);
         device.force_split(None);
@@ -160,15 +169,20 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
         .into_iter()
         .map(|tile| time(tile, None))
         .collect::<Result<Vec<_>>>()?;
-    // Plain products of batch 1 may split K: the best tile in each number of ranges (each at
-    // least SPLIT_MIN_K long, their partial products within one storage binding).
+    // Plain products of batch 1 may split K: the `SPLIT_TILES` fastest tiles in each number of
+    // ranges (each at least SPLIT_MIN_K long, their partial products within one storage
+    // binding). The tile that wins whole may lose split: the LM head's dX (4096 x 768 x 50257,
+    // H200) ran 2.29 ms on the fastest whole tile in 4 ranges, 2.02 on another in 8.
     if !key.bias && key.batch == 1 {
-        let tile = best_of(&measured).tile;
+        let mut whole = measured.clone();
+        whole.sort_by(|a, b| a.ms.total_cmp(&b.ms));
         let most = max_splits(device, key.m as usize, key.n as usize);
-        for split in SPLITS {
-            let long = key.k as usize / split as usize >= SPLIT_MIN_K;
-            if split == 1 || (long && split as usize <= most) {
-                measured.push(time(tile, Some(split))?);
+        for tile in whole.iter().take(SPLIT_TILES).map(|m| m.tile) {
+            for split in SPLITS {
+                let long = key.k as usize / split as usize >= SPLIT_MIN_K;
+                if split == 1 || (long && split as usize <= most) {
+                    measured.push(time(tile, Some(split))?);
+                }
             }
         }
     }
@@ -204,5 +218,9 @@ pub fn search_step(
     let keys = device.take_product_log();
     device.log_products(false);
     ran?;
+    // The step compiled its pipelines with the GPU idle: an H200's first product searched
+    // after it read 0.48 ms where the step runs it in 0.17 (2026-11-23), with each timing's
+    // own 30 ms of warm-up; half a second of arithmetic brings the clocks up first.
+    warm_up(device, FIRST_WARM_MS)?;
     keys.iter().map(|key| search(device, key, reps)).collect()
 }

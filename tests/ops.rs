@@ -2215,7 +2215,26 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
         if s.key.bias {
             assert!(splits.is_empty(), "{}", s.key.describe());
         } else if s.key.k as usize == rows {
-            assert_eq!(splits, [1, 2], "{}", s.key.describe());
+            // One range and two, for each of the fastest whole-K tiles.
+            let mut whole: Vec<_> = s.measured.iter().filter(|m| m.split.is_none()).collect();
+            whole.sort_by(|a, b| a.ms.total_cmp(&b.ms));
+            let tries = wgrad::tune::SPLIT_TILES.min(whole.len());
+            assert_eq!(splits, [1, 2].repeat(tries), "{}", s.key.describe());
+            let split_tiles: Vec<_> = s
+                .measured
+                .iter()
+                .filter(|m| m.split.is_some())
+                .map(|m| m.tile)
+                .collect();
+            for w in &whole[..tries] {
+                assert_eq!(
+                    split_tiles.iter().filter(|&&t| t == w.tile).count(),
+                    2,
+                    "{}: {} is among the fastest whole, so it is tried split",
+                    s.key.describe(),
+                    w.tile.name()
+                );
+            }
         }
     }
     let after = step().unwrap();

@@ -12,17 +12,35 @@ use crate::graph::{DType, Device, Tensor};
 use crate::kernels::matmul_coop::Coop;
 use crate::kernels::peak::{self, PeakParams};
 
+/// How long `gpu_ms` keeps the GPU running the untimed calls back to back before it times
+/// any. An H200 left idle while a new pipeline compiled (tens of milliseconds) ran the next
+/// products at 1/3 to 1/4 of their speed for 5 to 10 ms of work (`WGRAD_TIMING_TRACE`,
+/// 2026-11-23: a 4096 x 768 x 3072 product read 0.74 ms right after a compile, 0.21 ms next).
+pub const WARM_MS: f64 = 30.0;
+
 /// Median GPU milliseconds of what one call of `f` records, over `reps` calls recorded back to
-/// back after as many untimed ones (so the GPU runs them without idling: a GPU left idle
-/// between synchronized calls drops its clocks, and an H200 then ran the same matmul 2 to 3
-/// times slower, 2026-11-22): the summed GPU timestamps of each call's dispatches where the
-/// adapter has timestamps, else the wall time of the timed calls over `reps`.
+/// back. Before them: one call, waited for (its pipelines compile, its buffers exist), then
+/// untimed calls back to back until the GPU has run them for `WARM_MS` and made `reps` at
+/// least (a GPU left idle drops its clocks: after a compile, or between synchronized calls,
+/// an H200 ran the same matmul 2 to 4 times slower). The time is the summed GPU timestamps
+/// of each call's dispatches where the adapter has timestamps, else the wall time of the
+/// timed calls over `reps`.
 pub fn gpu_ms<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>) -> Result<f64> {
     let reps = reps.max(1);
-    for _ in 0..reps {
-        drop(f()?);
-    }
+    drop(f()?);
     device.sync()?;
+    let warm = Instant::now();
+    // Batches of calls, each twice the last (up to 1024), so that a short product keeps the
+    // GPU busy between waits as well.
+    let (mut untimed, mut batch) = (0, reps);
+    while untimed < reps || warm.elapsed().as_secs_f64() * 1e3 < WARM_MS {
+        for _ in 0..batch {
+            drop(f()?);
+        }
+        untimed += batch;
+        batch = (batch * 2).min(1024);
+        device.sync()?;
+    }
     if device.set_gpu_timing(true).is_some() {
         for _ in 0..reps {
             drop(f()?);
@@ -35,6 +53,32 @@ pub fn gpu_ms<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>)
                 .chunks(per)
                 .map(|c| c.iter().map(|i| (i.end_ns - i.start_ns) * 1e-6).sum())
                 .collect();
+            if trace_timing() {
+                let span = intervals.last().map_or(0.0, |l| l.end_ns) - intervals[0].start_ns;
+                let kinds: Vec<String> = intervals[..per]
+                    .iter()
+                    .map(|i| {
+                        format!(
+                            "{}[{}]{:?} {:.1}us",
+                            i.label,
+                            i.variant,
+                            i.groups,
+                            (i.end_ns - i.start_ns) * 1e-3
+                        )
+                    })
+                    .collect();
+                let gaps: Vec<String> = intervals
+                    .windows(2)
+                    .map(|w| format!("{:.1}", (w[1].start_ns - w[0].end_ns) * 1e-3))
+                    .collect();
+                eprintln!(
+                    "timing: {reps} reps x {per} dispatches; sums ms {:?}; span/rep {:.4} ms; gaps us {:?}; first rep: {}",
+                    times.iter().map(|t| (t * 1e4).round() / 1e4).collect::<Vec<_>>(),
+                    span * 1e-6 / reps as f64,
+                    gaps,
+                    kinds.join(", ")
+                );
+            }
             times.sort_by(f64::total_cmp);
             return Ok(times[reps / 2]);
         }
@@ -45,6 +89,13 @@ pub fn gpu_ms<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>)
     }
     device.sync()?;
     Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)
+}
+
+/// `WGRAD_TIMING_TRACE=1`: `gpu_ms` prints every timed call's intervals to stderr (a
+/// measurement switch).
+pub(crate) fn trace_timing() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WGRAD_TIMING_TRACE").is_ok_and(|v| v == "1"))
 }
 
 /// Keeps the GPU busy for about `ms` milliseconds (f32 FMA chains), so its clocks are up
