@@ -150,3 +150,45 @@ fn linear_shape_errors_are_clear() -> Result<()> {
     assert!(err.contains("bias") && err.contains("[2]"), "{err}");
     Ok(())
 }
+
+/// Under autocast a linear whose output has 3 K columns or more rounds its f32 input to f16
+/// once, before the product, and keeps that copy for dW; the product would round it the same
+/// way as it loads it. So the output and the gradients are those of the autocast matmul,
+/// which reads the f32 input (to the last bits but for the order of the sums).
+#[test]
+fn a_wide_linear_casting_its_input_first_changes_no_number() -> Result<()> {
+    use wgrad::ops::autocast;
+    let d = dev();
+    let mut r = rng("wide linear cast");
+    for (rows, k, n) in [(70, 24, 80), (33, 16, 48), (5, 40, 257)] {
+        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+        let seed = rand_vec(&mut r, rows * n, -1.0, 1.0);
+        let mut results = Vec::new();
+        for linear in [true, false] {
+            let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
+            let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
+            let y = autocast(true, || {
+                if linear {
+                    x.linear(&w, None, Activation::None)
+                } else {
+                    x.matmul(&w)
+                }
+            })?;
+            y.backward_with(&Tensor::from_slice(d, &seed, &[rows, n])?)?;
+            let mut v = vec![y.to_vec()?];
+            v.extend(grads(&[x, w])?);
+            results.push(v);
+        }
+        for (i, what) in ["y", "dx", "dW"].iter().enumerate() {
+            let want: Vec<f64> = results[1][i].iter().map(|&v| v as f64).collect();
+            assert_close(
+                &results[0][i],
+                &want,
+                1e-6,
+                &format!("{what} ({rows}x{k}x{n}), cast first against rounded on load"),
+            );
+        }
+    }
+    Ok(())
+}

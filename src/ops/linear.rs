@@ -107,6 +107,21 @@ impl LinearBackward {
     }
 }
 
+/// Whether an f32 input of a (K, N) weight under autocast is rounded to f16 before the
+/// product: where the output has 3 K columns or more (`WGRAD_LINEAR_CAST=all|none|wide`, a
+/// measurement switch; `wide` is the default).
+fn cast_input(n: usize, k: usize) -> bool {
+    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    match MODE
+        .get_or_init(|| std::env::var("WGRAD_LINEAR_CAST").unwrap_or_default())
+        .as_str()
+    {
+        "all" => true,
+        "none" => false,
+        _ => n >= 3 * k,
+    }
+}
+
 impl Tensor {
     /// act(self W + b) for self (..., K), W (K, N), b (N): one matmul dispatch.
     pub fn linear(&self, w: &Tensor, b: Option<&Tensor>, act: Activation) -> Result<Tensor> {
@@ -164,8 +179,16 @@ impl Tensor {
         let x = self.reshape(&[rows, k])?;
         let mut out_shape = self.shape().to_vec();
         *out_shape.last_mut().expect("rank checked") = n;
-        let xd = x.detach();
         let wd = w.detach();
+        let half = half_precision(&x, &wd);
+        // Under autocast the product rounds an f32 input to f16 as it loads it, once per
+        // column tile of the output; rounded once here instead, every tile loads half the
+        // bytes, and the backward's dW reads (and keeps) the f16 copy. The same numbers.
+        let xd = if half && x.dtype() == DType::F32 && cast_input(n, k) {
+            x.detach().to_dtype(DType::F16)?
+        } else {
+            x.detach()
+        };
         let padded = match n.next_multiple_of(row_align.max(1)) {
             stride if stride > n => Some(Tensor::uninit_rows(
                 self.device(),
@@ -208,7 +231,6 @@ impl Tensor {
         if let Some(bias) = b {
             inputs.push(bias);
         }
-        let half = half_precision(&xd, &wd);
         Ok(record(y, &inputs, || LinearBackward {
             x: xd,
             w: wd,
