@@ -78,7 +78,8 @@ impl Search {
 }
 
 /// Random operands for `key`: A (batch, M, K) and B (batch, K, N) in their storage types,
-/// transposed views where the key says so.
+/// transposed views where the key says so; where the key is `aligned`, rows padded to 8
+/// elements (views of wider buffers), as a training step pads the LM head's 50,257-wide rows.
 pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
     let (m, n, k, batch) = (
         key.m as usize,
@@ -87,13 +88,16 @@ pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
         key.batch as usize,
     );
     let make = |rows: usize, cols: usize, t: bool, f16: bool, seed: u64| -> Result<Tensor> {
-        let shape = if t {
-            [batch, cols, rows]
-        } else {
-            [batch, rows, cols]
-        };
-        let x = Tensor::rand_uniform(device, &shape, -1.0, 1.0, seed)?;
+        let (outer, inner) = if t { (cols, rows) } else { (rows, cols) };
+        let x = Tensor::rand_uniform(
+            device,
+            &[batch, outer, row_length(key, inner)],
+            -1.0,
+            1.0,
+            seed,
+        )?;
         let x = if f16 { x.to_dtype(DType::F16)? } else { x };
+        let x = x.narrow(-1, 0, inner)?;
         if t {
             x.t()
         } else {
@@ -106,11 +110,21 @@ pub fn operands(device: &Device, key: &ProductKey) -> Result<(Tensor, Tensor)> {
     ))
 }
 
+/// The row length (elements) of an operand or output whose rows hold `inner`: rounded up to
+/// 8 where the key is `aligned`.
+fn row_length(key: &ProductKey, inner: usize) -> usize {
+    if key.aligned {
+        inner.next_multiple_of(8)
+    } else {
+        inner
+    }
+}
+
 /// Median GPU milliseconds of `a @ b` as `key` says: under autocast when `half`; plus a bias,
 /// or a bias and GELU into an output of the autocast type (f16 under autocast), as `linear`
-/// records them; over `reps` products after untimed ones that compile the pipelines and bring
-/// the GPU's clocks up (`profile::ceilings::gpu_ms`: the split-K sum, where there is one,
-/// included).
+/// records them; into rows padded as `operands` pads them; over `reps` products after untimed
+/// ones that compile the pipelines and bring the GPU's clocks up
+/// (`profile::ceilings::gpu_ms`: the split-K sum, where there is one, included).
 pub fn time_product(
     device: &Device,
     a: &Tensor,
@@ -119,31 +133,47 @@ pub fn time_product(
     reps: usize,
 ) -> Result<f64> {
     let half = key.half;
-    if key.bias {
-        let n = b.shape()[b.rank() - 1];
-        let bias = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 3)?;
-        if key.gelu {
-            let mut shape = a.shape().to_vec();
-            *shape.last_mut().expect("an operand of rank 2 or more") = n;
-            let pre = Tensor::zeros(device, &shape)?;
-            let out = if half { DType::F16 } else { DType::F32 };
-            return gpu_ms(device, reps, || {
-                autocast(half, || {
-                    let epilogue = Epilogue::BiasGelu {
-                        bias: &bias,
-                        pre: &pre,
-                    };
-                    a.matmul_epilogue_into(b, epilogue, Out::New, out)
-                })
-            });
+    let n = b.shape()[b.rank() - 1];
+    let mut shape = a.shape().to_vec();
+    *shape.last_mut().expect("an operand of rank 2 or more") = n;
+    let out_dtype = if key.gelu && half {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    // Padded output rows where the key says so and N is not a multiple of 8.
+    let padded = match row_length(key, n) {
+        len if len > n => {
+            let mut wide = shape.clone();
+            *wide.last_mut().expect("rank 2 or more") = len;
+            Some(Tensor::uninit(device, &wide, out_dtype, "tune")?.narrow(-1, 0, n)?)
         }
-        return gpu_ms(device, reps, || {
-            autocast(half, || {
-                a.matmul_epilogue_into(b, Epilogue::Bias(&bias), Out::New, DType::F32)
-            })
-        });
-    }
-    gpu_ms(device, reps, || autocast(half, || a.matmul(b)))
+        _ => None,
+    };
+    let out = || match &padded {
+        Some(t) => Out::Write(t),
+        None => Out::New,
+    };
+    let bias = if key.bias {
+        Some(Tensor::rand_uniform(device, &[n], -1.0, 1.0, 3)?)
+    } else {
+        None
+    };
+    let pre = if key.gelu {
+        Some(Tensor::zeros(device, &shape)?)
+    } else {
+        None
+    };
+    gpu_ms(device, reps, || {
+        autocast(half, || {
+            let epilogue = match (&bias, &pre) {
+                (Some(bias), Some(pre)) => Epilogue::BiasGelu { bias, pre },
+                (Some(bias), None) => Epilogue::Bias(bias),
+                _ => Epilogue::None,
+            };
+            a.matmul_epilogue_into(b, epilogue, out(), out_dtype)
+        })
+    })
 }
 
 /// Measures every candidate tile of `key`, records the fastest in the device's table, and

@@ -2248,3 +2248,42 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
         );
     }
 }
+
+/// The LM head's product into 64-aligned rows (a training step's logits) and the same product
+/// into rows as long as N tune apart (the kernels read and store the two differently: vectors
+/// or gathered elements), the search runs each on operands laid out as its key says, and both
+/// give x W on the tuned configurations.
+#[test]
+fn padded_and_unpadded_rows_tune_apart() {
+    use wgrad::kernels::tuning::ProductKey;
+    use wgrad::ops::Activation;
+    let d = private_dev();
+    let mut rng = rng("aligned keys");
+    let (rows, k, n) = (64, 32, 97);
+    let x = Arr::rand(&mut rng, &[rows, k], -1.0, 1.0);
+    // W as the tied embedding's transposed view: (N, K) rows of K.
+    let wt = Arr::rand(&mut rng, &[n, k], -0.5, 0.5);
+    let want = x.matmul(&wt.t());
+    let (xd, wd) = (x.upload(&d), wt.upload(&d).t().unwrap());
+    let run = || -> wgrad::Result<(Tensor, Tensor)> {
+        Ok((
+            xd.linear_padded(&wd, 64)?,
+            xd.linear(&wd, None, Activation::None)?,
+        ))
+    };
+    let searches = wgrad::tune::search_step(&d, 1, || run().map(drop)).unwrap();
+    let keys: Vec<_> = searches.iter().map(|s| s.key).collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(keys[0].aligned && !keys[1].aligned, "{keys:?}");
+    assert_eq!(
+        ProductKey {
+            aligned: true,
+            ..keys[1]
+        },
+        keys[0]
+    );
+    let (padded, plain) = run().unwrap();
+    assert_eq!(padded.strides(), [128, 1]);
+    check(&padded, &want, TOL, "padded rows, tuned");
+    check(&plain, &want, TOL, "rows of N, tuned");
+}

@@ -163,6 +163,10 @@ pub fn run(args: &Args) -> Result<()> {
             b_t,
             bias: false,
             gelu: false,
+            // Operands and C in their natural layout: rows as long as their extents.
+            aligned: [if a_t { m } else { k }, if b_t { k } else { n }, n]
+                .iter()
+                .all(|d| d.is_multiple_of(8)),
         };
         let search: Option<Search> = if args.search {
             Some(tune::search(&device, &key, args.reps)?)

@@ -128,6 +128,7 @@ fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<Ma
             b_t: bt,
             bias: false,
             gelu: false,
+            aligned: [k, n].iter().all(|d| d.is_multiple_of(8)),
         };
         let gflops = 2.0 * (m * n * k * batch) as f64 / (ms * 1e-3) / 1e9;
         rows.push(MatmulRow {

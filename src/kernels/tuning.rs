@@ -34,6 +34,26 @@ pub struct ProductKey {
     /// tunes apart from a bias product.
     #[serde(default)]
     pub gelu: bool,
+    /// Every operand's rows (and C's) start on 8 elements (`rows_aligned`): the kernels read
+    /// and store them in vectors. The LM head's products have 50,257-wide rows, padded in a
+    /// training step and not elsewhere, and the two run different variants, so they tune
+    /// apart. (Missing in a table file written before the field: aligned.)
+    #[serde(default = "aligned_by_default")]
+    pub aligned: bool,
+}
+
+fn aligned_by_default() -> bool {
+    true
+}
+
+/// Whether a view's rows start on 8 elements: its offset and every stride other than 1 (of a
+/// dim longer than 1) are multiples of 8.
+pub fn rows_aligned(offset: usize, shape: &[usize], strides: &[usize]) -> bool {
+    offset.is_multiple_of(8)
+        && shape
+            .iter()
+            .zip(strides)
+            .all(|(&n, &s)| n <= 1 || s <= 1 || s.is_multiple_of(8))
 }
 
 impl ProductKey {
@@ -58,6 +78,9 @@ impl ProductKey {
             s += " +bias+gelu";
         } else if self.bias {
             s += " +bias";
+        }
+        if !self.aligned {
+            s += " unaligned";
         }
         s
     }
@@ -251,6 +274,7 @@ mod tests {
             b_t: true,
             bias: false,
             gelu: false,
+            aligned: true,
         };
         let mut t = TileTable::default();
         t.insert(

@@ -7,7 +7,7 @@ use crate::error::{Error, Result};
 use crate::graph::{broadcast_shape, coalesce_joint, DType, Device, Tensor};
 use crate::kernels::matmul::{self, MatmulParams};
 use crate::kernels::matmul_coop;
-use crate::kernels::tuning::{self, ProductKey, TileChoice};
+use crate::kernels::tuning::{self, rows_aligned, ProductKey, TileChoice};
 use crate::ops::elementwise::launch_copy;
 use crate::ops::{autocast, autocast_enabled, Out};
 
@@ -351,6 +351,9 @@ impl Tensor {
             b_t: params.b_ks == 1 && params.b_ns != 1,
             bias: !matches!(epilogue, Epilogue::None),
             gelu: matches!(epilogue, Epilogue::BiasGelu { .. }),
+            aligned: [&a, &b, &out]
+                .iter()
+                .all(|t| rows_aligned(t.layout().offset, t.shape(), t.strides())),
         };
         let dev = self.device();
         let choice = choose_kernel(dev, &key);
