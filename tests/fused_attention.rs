@@ -524,3 +524,49 @@ fn tiles_fit_32_kib_of_workgroup_memory() {
     assert_eq!(head_dim_bucket(128), Some(128));
     assert_eq!(head_dim_bucket(129), None);
 }
+
+/// `causal_attention_merged` is `causal_attention` with the heads merged back, (B, T, H * D),
+/// on q, k, v that are views of one fused (B, T, 3 * H * D) tensor (the model's layout): the
+/// same output and gradients, with no copy of O forward nor of its gradient backward (two
+/// dispatches fewer).
+#[test]
+fn merged_heads_are_the_permuted_output_without_its_copies() -> Result<()> {
+    let d = private_dev();
+    let (b, h, t, hd) = (2, 3, 37, 16);
+    let c = h * hd;
+    let mut r = rng("merged heads");
+    let x = Arr::rand(&mut r, &[b, t, 3 * c], -2.0, 2.0);
+    let w = Arr::rand(&mut r, &[b, t, c], -1.0, 1.0).upload(&d);
+    let mut results = Vec::new();
+    let mut dispatches = Vec::new();
+    for merged in [true, false] {
+        let qkv = x.upload(&d).requires_grad();
+        let before = d.counters().dispatches;
+        let heads = qkv.reshape(&[b, t, 3, h, hd])?;
+        let part = |i: usize| heads.narrow(2, i, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3]);
+        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+        let y = if merged {
+            q.causal_attention_merged(&k, &v)?
+        } else {
+            q.causal_attention(&k, &v)?
+                .permute(&[0, 2, 1, 3])?
+                .reshape(&[b, t, c])?
+        };
+        assert_eq!(y.shape(), [b, t, c]);
+        y.mul(&w)?.sum_all()?.backward()?;
+        d.sync()?;
+        dispatches.push(d.counters().dispatches - before);
+        results.push([y.to_vec()?, qkv.grad().expect("reached").to_vec()?]);
+    }
+    for (i, what) in ["O", "the fused qkv gradient"].iter().enumerate() {
+        let (merged, permuted) = (&results[0][i], &results[1][i]);
+        let off = merged.iter().zip(permuted).filter(|(a, b)| a != b).count();
+        assert_eq!(off, 0, "{what}: elements off, merged against permuted");
+    }
+    assert_eq!(
+        dispatches[0] + 2,
+        dispatches[1],
+        "dispatches, merged then permuted: {dispatches:?}"
+    );
+    Ok(())
+}

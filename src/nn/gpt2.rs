@@ -245,10 +245,12 @@ impl Gpt2 {
         };
         let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let y = match self.kernels {
-            Kernels::Fused => q.causal_attention(&k, &v)?,
-            Kernels::Reference => q.causal_attention_reference(&k, &v)?,
-        }; // (B, H, T, D)
-        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b, t, c])?; // (B, T, C)
+            Kernels::Fused => q.causal_attention_merged(&k, &v)?,
+            Kernels::Reference => q
+                .causal_attention_reference(&k, &v)? // (B, H, T, D)
+                .permute(&[0, 2, 1, 3])?
+                .reshape(&[b, t, c])?,
+        }; // (B, T, C)
         let y = self.linear(
             &y,
             w("attn.c_proj.weight")?,

@@ -28,6 +28,8 @@ struct CausalAttentionBackward {
     lse: Tensor, // (B, H, T), contiguous
     /// The forward ran on cooperative matrices (an autocast forward): so does the backward.
     coop: Option<Coop>,
+    /// The output was (B, T, H * D) (`causal_attention_merged`): so is its gradient.
+    merged: bool,
 }
 
 impl Backward for CausalAttentionBackward {
@@ -44,7 +46,13 @@ impl Backward for CausalAttentionBackward {
             }
             return Ok(());
         }
-        let mut g = unit_d(g)?;
+        let g = if self.merged {
+            let [b, h, t, d] = [shape[0], shape[1], shape[2], shape[3]];
+            g.reshape(&[b, t, h, d])?.permute(&[0, 2, 1, 3])?
+        } else {
+            g.clone()
+        };
+        let mut g = unit_d(&g)?;
         if self.coop.is_some() && !aligned4(&g) {
             g = g.contiguous()?;
         }
@@ -428,6 +436,18 @@ impl Tensor {
     /// Under autocast, on an adapter with cooperative matrices, its products (forward and
     /// backward) run in f16 with f32 accumulation; softmax and statistics stay f32.
     pub fn causal_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        self.causal_attention_as(k, v, false)
+    }
+
+    /// `causal_attention` with the heads merged back into the model's width: (B, T, H * D),
+    /// the layout the attention's output projection reads. The kernels write it so and read
+    /// its gradient so: no copy either way (`permute` and `reshape` after `causal_attention`
+    /// make one forward and one backward).
+    pub fn causal_attention_merged(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        self.causal_attention_as(k, v, true)
+    }
+
+    fn causal_attention_as(&self, k: &Tensor, v: &Tensor, merged: bool) -> Result<Tensor> {
         let [b, h, t, d] = check_shapes(self, k, v, OP)?;
         if d == 0 || d > MAX_HEAD_DIM {
             return Err(Error::ShapeMismatch {
@@ -439,7 +459,12 @@ impl Tensor {
         let (q, kd, vd) = (unit_d(self)?, unit_d(k)?, unit_d(v)?);
         let coop = coop_for(&q, &kd, &vd);
         let device = self.device();
-        let o = Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?;
+        // Merged: O in (B, T, H, D) memory, seen by the kernels as (B, H, T, D).
+        let o = if merged {
+            Tensor::uninit(device, &[b, t, h, d], DType::F32, OP)?.permute(&[0, 2, 1, 3])?
+        } else {
+            Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?
+        };
         let lse = Tensor::uninit(device, &[b, h, t], DType::F32, OP)?;
         if o.numel() > 0 {
             let params = AttentionParams {
@@ -462,14 +487,19 @@ impl Tensor {
             ];
             dispatch(Pass::Forward, &q, &params, &storage, false, false, coop)?;
         }
-        let saved_o = o.clone();
-        Ok(record(o, &[self, k, v], || CausalAttentionBackward {
+        let out = if merged {
+            o.permute(&[0, 2, 1, 3])?.reshape(&[b, t, h * d])?
+        } else {
+            o.clone()
+        };
+        Ok(record(out, &[self, k, v], || CausalAttentionBackward {
             q,
             k: kd,
             v: vd,
-            o: saved_o,
+            o,
             lse,
             coop,
+            merged,
         }))
     }
 
