@@ -96,6 +96,20 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
+// What both backward kernels read of a row: its target, whether it is ignored, the scale of
+// d loss / d logit (the upstream gradient over the counted rows) and the row's log-sum-exp.
+struct BackwardRow {
+    t: u32,
+    ignored: bool,
+    scale: f32,
+    lse: f32,
+}
+
+fn backward_row(row: u32) -> BackwardRow {
+    let t = targets[p.target_offset + row];
+    return BackwardRow(t, t == p.ignore_index, g[p.g_offset] * p.inv_n, lse[row]);
+}
+
 @compute @workgroup_size(RED_WG)
 fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>,
@@ -104,15 +118,12 @@ fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>,
     if (row >= p.rows) { return; }
     let base = p.x_offset + row * p.x_rs;
     let out_base = p.out_offset + row * p.out_rs;
-    let t = targets[p.target_offset + row];
-    let ignored = t == p.ignore_index;
-    let scale = g[p.g_offset] * p.inv_n;
-    let l = lse[row];
+    let r = backward_row(row);
     for (var j = lid; j < p.cols; j += RED_WG) {
         var d = 0.0;
-        if (!ignored) {
-            let onehot = select(0.0, 1.0, j == t);
-            d = scale * (exp(logits[base + j] - l) - onehot);
+        if (!r.ignored) {
+            let onehot = select(0.0, 1.0, j == r.t);
+            d = r.scale * (exp(logits[base + j] - r.lse) - onehot);
         }
         let o = out_base + j;
         if (ACC) {
@@ -131,17 +142,14 @@ fn cross_entropy_backward_vec4(@builtin(workgroup_id) wid: vec3<u32>,
     if (row >= p.rows) { return; }
     let base = (p.x_offset + row * p.x_rs) / 4u;
     let out_base = (p.out_offset + row * p.out_rs) / 4u;
-    let t = targets[p.target_offset + row];
-    let ignored = t == p.ignore_index;
-    let scale = g[p.g_offset] * p.inv_n;
-    let l = lse[row];
+    let r = backward_row(row);
     let quads = (p.cols + 3u) / 4u;
     for (var q = lid; q < quads; q += RED_WG) {
         let j = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
         var d = vec4<f32>(0.0);
-        if (!ignored) {
-            let onehot = select(vec4<f32>(0.0), vec4<f32>(1.0), j == vec4<u32>(t));
-            d = scale * (exp(logits4[base + q] - l) - onehot);
+        if (!r.ignored) {
+            let onehot = select(vec4<f32>(0.0), vec4<f32>(1.0), j == vec4<u32>(r.t));
+            d = r.scale * (exp(logits4[base + q] - r.lse) - onehot);
         }
         let o = out_base + q;
         let past = j >= vec4<u32>(p.cols);
