@@ -1,6 +1,6 @@
 //! Tile search for matmul products: every tile the product's kernel can run here multiplies
 //! fresh random operands laid out as the product's key says, timed on the GPU; then, for a
-//! product that may split K, the fastest tile in each of `SPLITS` numbers of K ranges (how
+//! product that may split K, the `SPLIT_TILES` fastest tiles in each of `SPLITS` numbers of K ranges (how
 //! many workgroups fill the GPU in whole waves is measured, not known); the fastest goes into
 //! the device's tile table (`Device::set_tile`), which `save_tiles` writes to the
 //! adapter's cache file for later runs. Searches measure; nothing here asserts on timing.
@@ -251,6 +251,8 @@ pub fn search_step(
     // The step compiled its pipelines with the GPU idle: an H200's first product searched
     // after it read 0.48 ms where the step runs it in 0.17 (2026-11-23), with each timing's
     // own 30 ms of warm-up; half a second of arithmetic brings the clocks up first.
-    warm_up(device, FIRST_WARM_MS)?;
+    if !keys.is_empty() {
+        warm_up(device, FIRST_WARM_MS)?;
+    }
     keys.iter().map(|key| search(device, key, reps)).collect()
 }

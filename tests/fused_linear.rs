@@ -158,16 +158,19 @@ fn linear_shape_errors_are_clear() -> Result<()> {
 #[test]
 fn a_wide_linear_casting_its_input_first_changes_no_number() -> Result<()> {
     use wgrad::ops::autocast;
-    let d = dev();
+    let d = &private_dev();
     let mut r = rng("wide linear cast");
     for (rows, k, n) in [(70, 24, 80), (33, 16, 48), (5, 40, 257)] {
         let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
         let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
         let seed = rand_vec(&mut r, rows * n, -1.0, 1.0);
         let mut results = Vec::new();
+        let mut forward = Vec::new();
         for linear in [true, false] {
             let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
             let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
+            d.sync()?;
+            let before = d.counters().dispatches;
             let y = autocast(true, || {
                 if linear {
                     x.linear(&w, None, Activation::None)
@@ -175,11 +178,19 @@ fn a_wide_linear_casting_its_input_first_changes_no_number() -> Result<()> {
                     x.matmul(&w)
                 }
             })?;
+            d.sync()?;
+            forward.push(d.counters().dispatches - before);
             y.backward_with(&Tensor::from_slice(d, &seed, &[rows, n])?)?;
             let mut v = vec![y.to_vec()?];
             v.extend(grads(&[x, w])?);
             results.push(v);
         }
+        // The linear's forward is the cast and the product; the matmul's, the product.
+        assert_eq!(
+            forward,
+            [2, 1],
+            "forward dispatches, linear then matmul ({rows}x{k}x{n})"
+        );
         for (i, what) in ["y", "dx", "dW"].iter().enumerate() {
             let want: Vec<f64> = results[1][i].iter().map(|&v| v as f64).collect();
             assert_close(

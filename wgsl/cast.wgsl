@@ -1,6 +1,7 @@
 // Element type conversion of a contiguous range: out[out_off + i] = TO(a[a_off + i]).
-// Used outside the training step (the f16 copies of parameters after loading weights); in a
-// step the casts are folded into the kernels that produce the values.
+// The f16 copies of parameters after loading weights; in a step under autocast, the input of
+// a linear whose output has 3 K columns or more (rounded once instead of by every tile of the
+// product that loads it); other casts in a step are folded into the kernels.
 // Workgroup mapping: 256 threads, one element each; linear workgroup = wid.y * nwg.x + wid.x.
 // Specialization: TI, TO (the element types in and out).
 

@@ -34,10 +34,12 @@ pub struct ProductKey {
     /// tunes apart from a bias product.
     #[serde(default)]
     pub gelu: bool,
-    /// Every operand's rows (and C's) start on 8 elements (`rows_aligned`): the kernels read
-    /// and store them in vectors. The LM head's products have 50,257-wide rows, padded in a
-    /// training step and not elsewhere, and the two run different variants, so they tune
-    /// apart. (Missing in a table file written before the field: aligned.)
+    /// Every operand's rows (and C's) start on 8 elements (`rows_aligned`), so every kernel
+    /// variant that reads or stores rows in vectors can (rows on 4 elements serve some of
+    /// them). The LM head's products have 50,257-wide rows, padded in a training step and not
+    /// elsewhere, and the two run different variants, so they tune apart; the search times an
+    /// aligned key on rows padded to 8, an unaligned one on rows as long as their extents.
+    /// (Missing in a table file written before the field: aligned.)
     #[serde(default = "aligned_by_default")]
     pub aligned: bool,
 }
@@ -172,6 +174,7 @@ impl TileTable {
         rows.sort_by_key(|(k, _, _, _)| {
             (
                 k.m, k.n, k.k, k.batch, k.half, k.a_f16, k.b_f16, k.a_t, k.b_t, k.bias, k.gelu,
+                k.aligned,
             )
         });
         rows

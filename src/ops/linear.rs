@@ -181,9 +181,11 @@ impl Tensor {
         *out_shape.last_mut().expect("rank checked") = n;
         let wd = w.detach();
         let half = half_precision(&x, &wd);
-        // Under autocast the product rounds an f32 input to f16 as it loads it, once per
-        // column tile of the output; rounded once here instead, every tile loads half the
-        // bytes, and the backward's dW reads (and keeps) the f16 copy. The same numbers.
+        // A half-precision product (autocast, or an f16 weight) rounds an f32 input to f16 as
+        // it loads it, once per column tile of the output; rounded once here instead, every
+        // tile loads half the bytes, and the backward's dW reads (and keeps) the f16 copy. The
+        // same values (up to the order of sums, where the f16 input's key tunes to another
+        // tile).
         let xd = if half && x.dtype() == DType::F32 && cast_input(n, k) {
             x.detach().to_dtype(DType::F16)?
         } else {

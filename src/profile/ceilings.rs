@@ -20,8 +20,8 @@ pub const WARM_MS: f64 = 30.0;
 
 /// Median GPU milliseconds of what one call of `f` records, over `reps` calls recorded back to
 /// back. Before them: one call, waited for (its pipelines compile, its buffers exist), then
-/// untimed calls back to back until the GPU has run them for `WARM_MS` and made `reps` at
-/// least (a GPU left idle drops its clocks: after a compile, or between synchronized calls,
+/// untimed calls back to back for `WARM_MS` of wall time and `reps` calls at least, submitted
+/// as they are recorded (a GPU left idle drops its clocks: after a compile, or between synchronized calls,
 /// an H200 ran the same matmul 2 to 4 times slower). The time is the summed GPU timestamps
 /// of each call's dispatches where the adapter has timestamps, else the wall time of the
 /// timed calls over `reps`.
@@ -31,11 +31,15 @@ pub fn gpu_ms<T>(device: &Device, reps: usize, mut f: impl FnMut() -> Result<T>)
     device.sync()?;
     let warm = Instant::now();
     // Batches of calls, each twice the last (up to 1024), so that a short product keeps the
-    // GPU busy between waits as well.
+    // GPU busy between waits as well; submitted every 16 calls, so the GPU runs them while
+    // the next ones are recorded.
     let (mut untimed, mut batch) = (0, reps);
     while untimed < reps || warm.elapsed().as_secs_f64() * 1e3 < WARM_MS {
-        for _ in 0..batch {
+        for i in 0..batch {
             drop(f()?);
+            if i % 16 == 15 {
+                device.flush();
+            }
         }
         untimed += batch;
         batch = (batch * 2).min(1024);
