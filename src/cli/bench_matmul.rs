@@ -7,7 +7,7 @@
 //! and writes it to its cache file. Prints a table, or `--json`.
 
 use serde::Serialize;
-use wgrad::kernels::tuning::ProductKey;
+use wgrad::kernels::tuning::{natural_rows_aligned, ProductKey};
 use wgrad::ops::matmul_variant;
 use wgrad::profile::ceilings::{self, Ceilings};
 use wgrad::tune::{self, Search};
@@ -163,10 +163,7 @@ pub fn run(args: &Args) -> Result<()> {
             b_t,
             bias: false,
             gelu: false,
-            // Operands and C in their natural layout: rows as long as their extents.
-            aligned: [if a_t { m } else { k }, if b_t { k } else { n }, n]
-                .iter()
-                .all(|d| d.is_multiple_of(8)),
+            aligned: natural_rows_aligned(m, n, k, batch, a_t, b_t),
         };
         let search: Option<Search> = if args.search {
             Some(tune::search(&device, &key, args.reps)?)

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use serde::Serialize;
-use wgrad::kernels::tuning::ProductKey;
+use wgrad::kernels::tuning::{natural_rows_aligned, ProductKey};
 use wgrad::ops::matmul_variant;
 use wgrad::profile::ceilings::{self, gpu_ms as time_ms, Ceilings};
 use wgrad::{Device, Result, Tensor};
@@ -128,7 +128,7 @@ fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<Ma
             b_t: bt,
             bias: false,
             gelu: false,
-            aligned: [k, n].iter().all(|d| d.is_multiple_of(8)),
+            aligned: natural_rows_aligned(m, n, k, batch, false, bt),
         };
         let gflops = 2.0 * (m * n * k * batch) as f64 / (ms * 1e-3) / 1e9;
         rows.push(MatmulRow {

@@ -58,6 +58,23 @@ pub fn rows_aligned(offset: usize, shape: &[usize], strides: &[usize]) -> bool {
             .all(|(&n, &s)| n <= 1 || s <= 1 || s.is_multiple_of(8))
 }
 
+/// `aligned` for A (batch, M, K), B (batch, K, N) and C (batch, M, N) in their natural layouts:
+/// contiguous, transposed views where `a_t` / `b_t` say so (what `bench matmul` multiplies).
+pub fn natural_rows_aligned(
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    a_t: bool,
+    b_t: bool,
+) -> bool {
+    let view = |rows: usize, cols: usize, t: bool| {
+        let (outer, inner) = if t { (cols, rows) } else { (rows, cols) };
+        rows_aligned(0, &[batch, outer, inner], &[outer * inner, inner, 1])
+    };
+    view(m, k, a_t) && view(k, n, b_t) && view(m, n, false)
+}
+
 impl ProductKey {
     /// `4096x50257x768 f16 A^T` style: M x N x K, batch, storage, layout.
     pub fn describe(&self) -> String {

@@ -459,11 +459,16 @@ impl Tensor {
         let (q, kd, vd) = (unit_d(self)?, unit_d(k)?, unit_d(v)?);
         let coop = coop_for(&q, &kd, &vd);
         let device = self.device();
-        // Merged: O in (B, T, H, D) memory, seen by the kernels as (B, H, T, D).
-        let o = if merged {
-            Tensor::uninit(device, &[b, t, h, d], DType::F32, OP)?.permute(&[0, 2, 1, 3])?
+        // Merged: O in (B, T, H, D) memory (`base`), seen by the kernels as (B, H, T, D).
+        let base = if merged {
+            Tensor::uninit(device, &[b, t, h, d], DType::F32, OP)?
         } else {
             Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?
+        };
+        let o = if merged {
+            base.permute(&[0, 2, 1, 3])?
+        } else {
+            base.clone()
         };
         let lse = Tensor::uninit(device, &[b, h, t], DType::F32, OP)?;
         if o.numel() > 0 {
@@ -488,9 +493,9 @@ impl Tensor {
             dispatch(Pass::Forward, &q, &params, &storage, false, false, coop)?;
         }
         let out = if merged {
-            o.permute(&[0, 2, 1, 3])?.reshape(&[b, t, h * d])?
+            base.reshape(&[b, t, h * d])?
         } else {
-            o.clone()
+            base
         };
         Ok(record(out, &[self, k, v], || CausalAttentionBackward {
             q,
