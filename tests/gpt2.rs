@@ -6,7 +6,8 @@ mod common;
 
 use common::{assert_close, private_dev};
 use wgrad::nn::{Gpt2, Gpt2Config, Kernels};
-use wgrad::optim::{AdamW, AdamWConfig};
+use wgrad::optim::{AdamW, AdamWConfig, LrSchedule};
+use wgrad::train::Trainer;
 use wgrad::{Device, Result, Tensor};
 
 fn config(n_layer: usize) -> Gpt2Config {
@@ -137,5 +138,47 @@ fn a_small_gpt2_learns_a_fixed_batch() -> Result<()> {
         submits.iter().all(|&s| s <= 3),
         "submits per step {submits:?}"
     );
+    Ok(())
+}
+
+/// A training step submits three times: its first dispatches as soon as they are recorded (the
+/// GPU starts on them while the CPU records the rest of the forward), the rest of the forward
+/// before the backward is recorded, and the rest; the loss is the same as one submit gives.
+#[test]
+fn a_training_step_submits_its_first_layers_early() -> Result<()> {
+    let dev = private_dev();
+    let (x, y) = batch(&dev, 2, 16, 97)?;
+    let trainer = |dev: &Device| -> Result<Trainer> {
+        let model = Gpt2::new(dev, config(2), 5)?;
+        Trainer::new(
+            model,
+            AdamWConfig::default(),
+            1e-3,
+            LrSchedule::Constant { warmup: 0 },
+        )
+    };
+    let mut t = trainer(&dev)?;
+    t.step(&[(x.clone(), y.clone())])?.item()?;
+    dev.sync()?;
+    let c0 = dev.counters();
+    let loss = t.step(&[(x.clone(), y.clone())])?;
+    let recorded = dev.counters() - c0;
+    assert_eq!(recorded.submits, 2, "before the read-back: {recorded:?}");
+    let second = loss.item()?;
+    assert_eq!((dev.counters() - c0).submits, 3);
+
+    // The same two steps recorded by hand (one submit each, at the read-back).
+    let model = Gpt2::new(&dev, config(2), 5)?;
+    let mut opt = AdamW::new(&model.params, AdamWConfig::default())?;
+    let mut want = 0.0;
+    for _ in 0..2 {
+        let c = dev.counters();
+        let loss = model.loss(&x, &y)?;
+        loss.backward()?;
+        opt.step(&model.params, 1e-3)?;
+        want = loss.item()?;
+        assert_eq!((dev.counters() - c).submits, 1);
+    }
+    assert_eq!(second, want, "the loss of the second step");
     Ok(())
 }

@@ -1925,6 +1925,40 @@ fn auto_flush_at_the_bound_keeps_results() {
 }
 
 #[test]
+fn an_early_submit_fires_once_and_keeps_results() {
+    let d = private_dev();
+    let a = Arr::rand(&mut rng("early submit"), &[257], -1.0, 1.0);
+    let x = a.upload(&d);
+    d.sync().unwrap();
+    let before = d.counters();
+    d.submit_early(5);
+    let mut y = x.clone();
+    for i in 0..20 {
+        y = y.add_scalar(0.5).unwrap();
+        let c = d.counters() - before;
+        let want = if i < 4 { 0 } else { 1 };
+        assert_eq!(c.submits, want, "after {} dispatches: {c:?}", i + 1);
+    }
+    check(&y, &a.map(|v| v + 10.0), TOL, "across the early submit");
+    assert_eq!((d.counters() - before).submits, 2, "the rest in one flush");
+    // Armed, then flushed before reaching its count: gone, not carried to the next Segment.
+    d.submit_early(3);
+    y = y.add_scalar(1.0).unwrap();
+    d.flush();
+    let mid = d.counters();
+    for _ in 0..6 {
+        y = y.add_scalar(1.0).unwrap();
+    }
+    assert_eq!((d.counters() - mid).submits, 0);
+    check(
+        &y,
+        &a.map(|v| v + 17.0),
+        TOL,
+        "after a disarmed early submit",
+    );
+}
+
+#[test]
 fn device_is_usable_from_several_threads() {
     let handles: Vec<_> = (0..4)
         .map(|t| {

@@ -41,6 +41,9 @@ struct State {
     bind_groups: BindGroupCache,
     counters: Counters,
     flush_bound: usize,
+    /// A one-shot bound (`submit_early`): the open Segment is flushed once it holds this many
+    /// dispatches, then the bound is gone.
+    early_flush: Option<usize>,
     params_align: usize,
     phase: Phase,
     timer: Option<GpuTimer>,
@@ -143,6 +146,7 @@ impl Device {
             bind_groups: BindGroupCache::default(),
             counters: Counters::default(),
             flush_bound: DEFAULT_FLUSH_BOUND,
+            early_flush: None,
             params_align: gpu.limits.min_uniform_buffer_offset_alignment as usize,
             phase: Phase::Forward,
             timer: None,
@@ -314,6 +318,14 @@ impl Device {
         self.state().flush_bound = dispatches.max(1);
     }
 
+    /// Submits the open Segment once it holds `dispatches` dispatches (once; later work goes
+    /// on into the next Segment as usual). A training step arms it before its forward, so the
+    /// GPU starts on the first layers while the CPU records and encodes the rest instead of
+    /// waiting for the whole forward.
+    pub fn submit_early(&self, dispatches: usize) {
+        self.state().early_flush = Some(dispatches.max(1));
+    }
+
     /// Compiles every kernel variant but the cooperative-matrix matmuls now (see
     /// `PipelineCache::warmup`).
     pub fn warmup(&self) {
@@ -356,6 +368,8 @@ impl Device {
         if s.segment.is_empty() {
             return None;
         }
+        // An early submit is for the Segment that was open when it was armed.
+        s.early_flush = None;
         let start = std::time::Instant::now();
         let gpu = &self.rt.gpu;
         let segment = std::mem::take(&mut s.segment);
@@ -458,7 +472,8 @@ impl Device {
             Phase::Backward => s.counters.backward_dispatches += 1,
             Phase::Optimizer => s.counters.optimizer_dispatches += 1,
         }
-        if s.segment.dispatches >= s.flush_bound {
+        let early = s.early_flush.is_some_and(|n| s.segment.dispatches >= n);
+        if early || s.segment.dispatches >= s.flush_bound {
             self.flush_locked(&mut s);
         }
     }
