@@ -204,7 +204,8 @@ impl Tensor {
         let dev = self.device();
         let (cols, rows) = (kept.numel() as u64, red.numel() as u64);
         let col_groups = cols.div_ceil(reduce::COL_LANES) as u32;
-        let chunks = rows.div_ceil(reduce::COL_CHUNK_ROWS);
+        let chunk_rows = reduce::col_chunk_rows(rows);
+        let chunks = rows.div_ceil(chunk_rows);
         let params = |rows: u64, row_stride: usize, in_offset: usize, out_offset: usize| {
             ReduceParams {
                 out_numel: cols as u32,
@@ -235,7 +236,7 @@ impl Tensor {
         let part = Tensor::uninit(dev, &[chunks as usize, cols as usize], DType::F32, "reduce")?;
         let first = ReduceParams {
             scale: 1.0,
-            n_groups: reduce::COL_CHUNK_ROWS as u32,
+            n_groups: chunk_rows as u32,
             ..params(rows, red.strides[0], base, 0)
         };
         dev.record(
