@@ -1,5 +1,6 @@
 //! Memory and submits of repeated training steps: after the first step nothing is created, the
-//! peak stays flat, and the graph (with every saved tensor) is released by backward.
+//! peak stays flat, and the graph (with every saved tensor) is released by backward; a
+//! residual's gradient takes the branch's contribution in place.
 
 use wgrad::{no_grad, Device, Result, Tensor};
 
@@ -93,5 +94,72 @@ fn backward_releases_the_graph_and_its_saved_tensors() -> Result<()> {
     );
     drop(loss);
     assert_eq!(dev.pool_stats().bytes_live, live_before + grad_bytes);
+    Ok(())
+}
+
+/// loss = sum(r * (a + tanh(a W))), a = tanh(x): the residual passes its gradient g to `a`
+/// without a copy, and once tanh's backward (the last other reader of g) is recorded, the
+/// matmul's dA is added into g in place: the backward costs what `tanh(a W)` alone costs (no
+/// sum dispatch, and one buffer fewer), and x's gradient is right.
+#[test]
+fn a_residual_gradient_takes_the_branch_in_place() -> Result<()> {
+    let dev = Device::new()?;
+    let (n, c) = (19, 13);
+    let x = Tensor::rand_uniform(&dev, &[n, c], -1.0, 1.0, 7)?.requires_grad();
+    let w = Tensor::rand_uniform(&dev, &[c, c], -0.5, 0.5, 8)?;
+    let r = Tensor::rand_uniform(&dev, &[n, c], -1.0, 1.0, 9)?;
+    let backward_cost = |residual: bool| -> Result<(u64, u64)> {
+        let a = x.tanh()?;
+        let branch = a.matmul(&w)?.tanh()?;
+        let out = if residual { a.add(&branch)? } else { branch };
+        let loss = out.mul(&r)?.sum_all()?;
+        x.zero_grad();
+        dev.sync()?;
+        let c0 = dev.counters();
+        let p0 = dev.pool_stats();
+        loss.backward()?;
+        let c = dev.counters() - c0;
+        Ok((
+            c.backward_dispatches,
+            dev.pool_stats().requests - p0.requests,
+        ))
+    };
+    backward_cost(true)?; // x's gradient buffer exists from here on
+    let (plain, plain_buffers) = backward_cost(false)?;
+    let (with_residual, residual_buffers) = backward_cost(true)?;
+    assert_eq!(
+        with_residual, plain,
+        "backward dispatches with and without the residual"
+    );
+    // The branch's dA needs no buffer of its own: it lands in the residual's.
+    assert_eq!(
+        residual_buffers + 1,
+        plain_buffers,
+        "buffers requested by backward"
+    );
+
+    // dx = (r + (r * (1 - t^2)) W^T) * (1 - a^2), t = tanh(a W).
+    let (xs, ws, rs) = (x.to_vec()?, w.to_vec()?, r.to_vec()?);
+    let got = x.grad().expect("reached by backward").to_vec()?;
+    for i in 0..n {
+        let a: Vec<f64> = (0..c).map(|k| (xs[i * c + k] as f64).tanh()).collect();
+        let t: Vec<f64> = (0..c)
+            .map(|j| {
+                (0..c)
+                    .map(|k| a[k] * ws[k * c + j] as f64)
+                    .sum::<f64>()
+                    .tanh()
+            })
+            .collect();
+        for k in 0..c {
+            let da = rs[i * c + k] as f64
+                + (0..c)
+                    .map(|j| rs[i * c + j] as f64 * (1.0 - t[j] * t[j]) * ws[k * c + j] as f64)
+                    .sum::<f64>();
+            let want = da * (1.0 - a[k] * a[k]);
+            let err = (got[i * c + k] as f64 - want).abs() / want.abs().max(1.0);
+            assert!(err < 1e-5, "dx[{i}, {k}]: {} vs {want}", got[i * c + k]);
+        }
+    }
     Ok(())
 }

@@ -75,8 +75,16 @@ impl BackwardCtx<'_> {
                         f(Out::Acc(&buf))?;
                         self.store.grads.insert(node.id, (buf, true));
                     }
+                    Some((shared, false)) if shared.is_sole_view() && shared.is_contiguous() => {
+                        // Borrowed (passed through from another tensor's gradient, like a
+                        // residual's), but every other view of it is gone, so every reader of
+                        // it has been recorded: add into it in place (no sum, no new buffer).
+                        f(Out::Acc(&shared))?;
+                        self.store.grads.insert(node.id, (shared, true));
+                    }
                     Some((shared, false)) => {
-                        // The gradient so far is borrowed (another tensor's): sum into a new one.
+                        // The gradient so far is borrowed and still read elsewhere: sum into a
+                        // new one.
                         let t = f(Out::New)?;
                         let sum = shared.add(&t)?;
                         self.store.grads.insert(node.id, (sum, true));

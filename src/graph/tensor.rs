@@ -171,6 +171,13 @@ impl Tensor {
         &self.0.storage
     }
 
+    /// Whether this handle is the only one to its storage (no clone of it, no other view):
+    /// nothing else can read the buffer later, so work recorded from now on may overwrite it
+    /// (the queue runs recorded work in order).
+    pub(crate) fn is_sole_view(&self) -> bool {
+        Arc::strong_count(&self.0) == 1 && Arc::strong_count(&self.0.storage) == 1
+    }
+
     /// Whether two tensors share storage (views of one buffer).
     pub fn same_storage(&self, other: &Tensor) -> bool {
         Arc::ptr_eq(&self.0.storage, &other.0.storage)
