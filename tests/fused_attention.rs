@@ -570,3 +570,68 @@ fn merged_heads_are_the_permuted_output_without_its_copies() -> Result<()> {
     );
     Ok(())
 }
+
+/// `causal_self_attention` on a fused (B, T, 3C) tensor is `causal_attention_merged` on its
+/// head views, bit for bit (output and gradient), one dispatch fewer (the views' gradient
+/// needs a zeroed buffer to add into; the fused input's is written whole by the kernels); also
+/// when the fused tensor is itself a narrow view of a wider leaf (its heads are still views;
+/// the views path reshapes it through a copy: a copy forward, a zeroed gradient and a copy
+/// back, 3 dispatches) and when its gradient accumulates (the input used twice).
+#[test]
+fn self_attention_on_a_fused_qkv_is_the_merged_heads_without_a_fill() -> Result<()> {
+    let d = private_dev();
+    let (b, h, t, hd) = (2, 3, 37, 12);
+    let c = h * hd;
+    let mut r = rng("fused qkv");
+    let x = Arr::rand(&mut r, &[b, t, 3 * c + 5], -2.0, 2.0);
+    let w = Arr::rand(&mut r, &[b, t, c], -1.0, 1.0).upload(&d);
+    for (wide, twice) in [(false, false), (true, false), (false, true)] {
+        let mut results = Vec::new();
+        let mut dispatches = Vec::new();
+        for fused in [true, false] {
+            let leaf = x.upload(&d).requires_grad();
+            let before = d.counters().dispatches;
+            let qkv = if wide {
+                leaf.narrow(2, 2, 3 * c)?
+            } else {
+                leaf.narrow(2, 0, 3 * c)?.contiguous()?
+            };
+            let y = if fused {
+                qkv.causal_self_attention(h)?
+            } else {
+                let heads = qkv.reshape(&[b, t, 3, h, hd])?;
+                let part = |i: usize| heads.narrow(2, i, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3]);
+                part(0)?.causal_attention_merged(&part(1)?, &part(2)?)?
+            };
+            let mut loss = y.mul(&w)?.sum_all()?;
+            if twice {
+                loss = loss.add(&qkv.square()?.sum_all()?)?;
+            }
+            loss.backward()?;
+            d.sync()?;
+            dispatches.push(d.counters().dispatches - before);
+            results.push([y.to_vec()?, leaf.grad().expect("reached").to_vec()?]);
+        }
+        let tag = format!("wide {wide}, used twice {twice}");
+        for (i, what) in ["O", "the input's gradient"].iter().enumerate() {
+            let off = results[0][i]
+                .iter()
+                .zip(&results[1][i])
+                .filter(|(a, b)| a != b)
+                .count();
+            assert_eq!(off, 0, "{tag}: {what}: elements off, fused against views");
+        }
+        let saved = if wide { 3 } else { 1 };
+        assert_eq!(
+            dispatches[0] + saved,
+            dispatches[1],
+            "{tag}: dispatches, fused then views: {dispatches:?}"
+        );
+    }
+    let q = Tensor::zeros(&d, &[2, 5, 3 * 7])?;
+    assert!(matches!(
+        q.causal_self_attention(2),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    Ok(())
+}

@@ -238,18 +238,20 @@ impl Gpt2 {
             Some(p("attn.c_attn.bias")?),
             Activation::None,
         )?; // (B, T, 3C)
-            // Views, no copies: (B, T, 3C) -> (B, T, 3, H, D) -> one of q, k, v as (B, H, T, D).
-        let qkv = qkv.reshape(&[b, t, 3, h, d])?;
-        let heads = |k: usize| -> Result<Tensor> {
-            qkv.narrow(2, k, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3])
-        };
-        let (q, k, v) = (heads(0)?, heads(1)?, heads(2)?);
         let y = match self.kernels {
-            Kernels::Fused => q.causal_attention_merged(&k, &v)?,
-            Kernels::Reference => q
-                .causal_attention_reference(&k, &v)? // (B, H, T, D)
-                .permute(&[0, 2, 1, 3])?
-                .reshape(&[b, t, c])?,
+            // The heads read in place; dQ, dK, dV written into one (B, T, 3C) gradient.
+            Kernels::Fused => qkv.causal_self_attention(h)?,
+            Kernels::Reference => {
+                // Views, no copies: (B, T, 3C) -> (B, T, 3, H, D) -> q, k, v as (B, H, T, D).
+                let qkv = qkv.reshape(&[b, t, 3, h, d])?;
+                let heads = |k: usize| -> Result<Tensor> {
+                    qkv.narrow(2, k, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3])
+                };
+                heads(0)?
+                    .causal_attention_reference(&heads(1)?, &heads(2)?)? // (B, H, T, D)
+                    .permute(&[0, 2, 1, 3])?
+                    .reshape(&[b, t, c])?
+            }
         }; // (B, T, C)
         let y = self.linear(
             &y,

@@ -9,7 +9,7 @@
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
-use crate::graph::{DType, Device, Storage, Tensor};
+use crate::graph::{DType, Device, Layout, Storage, Tensor};
 use crate::kernels::attention::{self, AttentionParams, Pass, MAX_HEAD_DIM};
 use crate::kernels::attention_coop;
 use crate::kernels::matmul_coop::Coop;
@@ -30,6 +30,9 @@ struct CausalAttentionBackward {
     coop: Option<Coop>,
     /// The output was (B, T, H * D) (`causal_attention_merged`): so is its gradient.
     merged: bool,
+    /// q, k and v were the heads of one (B, T, 3 * H * D) input (`causal_self_attention`):
+    /// dQ, dK and dV are written into the three thirds of its gradient.
+    fused_qkv: bool,
 }
 
 impl Backward for CausalAttentionBackward {
@@ -57,6 +60,9 @@ impl Backward for CausalAttentionBackward {
             g = g.contiguous()?;
         }
         let dvec = Tensor::uninit(g.device(), &shape[..3], DType::F32, OP)?; // D (B, H, T)
+        if self.fused_qkv {
+            return self.backward_qkv(&g, &dvec, ctx);
+        }
         let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, &g, &dvec];
 
         // dQ first: its kernel also writes D, which the dK/dV kernel reads.
@@ -125,6 +131,52 @@ impl Backward for CausalAttentionBackward {
 }
 
 impl CausalAttentionBackward {
+    /// dQ, dK, dV into the thirds of the fused (B, T, 3C) input's gradient: a new gradient
+    /// is written whole by the two kernels (no zeroed buffer to add into, as three separate
+    /// views of it would need); one that cannot be viewed so, or shares storage with what the
+    /// kernels read, is staged.
+    fn backward_qkv(&self, g: &Tensor, dvec: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        let [b, h, t, d] = [
+            self.q.shape()[0],
+            self.q.shape()[1],
+            self.q.shape()[2],
+            self.q.shape()[3],
+        ];
+        let full = [b, t, 3 * h * d];
+        let device = self.q.device().clone();
+        let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, g, dvec];
+        ctx.put_with(0, |out| {
+            let (target, acc) = out.resolve(OP, &device, &full, &[])?;
+            let direct = match heads_of(&target, h)? {
+                [dq, dk, dv]
+                    if [&dq, &dk, &dv].iter().all(|x| unit_d_stride(x))
+                        && !reads.iter().any(|r| r.same_storage(&target)) =>
+                {
+                    Some([dq, dk, dv])
+                }
+                _ => None,
+            };
+            let (heads, acc, fresh) = match direct {
+                Some(views) => (views, acc, None),
+                None => {
+                    let fresh = Tensor::uninit(&device, &full, DType::F32, OP)?;
+                    (heads_of(&fresh, h)?, false, Some(fresh))
+                }
+            };
+            let [dq, dk, dv] = heads;
+            let target_of = |t: Tensor| Target::Direct { t, acc };
+            self.launch_dq(g, dvec, &target_of(dq))?;
+            self.launch_dkv(g, dvec, &target_of(dk), &target_of(dv))?;
+            match fresh {
+                None => Ok(target),
+                Some(fresh) => match out {
+                    Out::New => Ok(fresh),
+                    _ => launch_copy(&fresh, out),
+                },
+            }
+        })
+    }
+
     fn params(&self, g: &Tensor) -> AttentionParams {
         let s = self.q.shape();
         AttentionParams {
@@ -271,6 +323,21 @@ fn unit_d(t: &Tensor) -> Result<Tensor> {
     } else {
         t.contiguous()
     }
+}
+
+/// q, k and v of a fused (B, T, 3 * H * D) tensor (any strides) as (B, H, T, D) views of its
+/// storage: its last dim split into (3, H, D).
+fn heads_of(qkv: &Tensor, heads: usize) -> Result<[Tensor; 3]> {
+    let l = qkv.layout();
+    let (b, t, c3) = (l.shape[0], l.shape[1], l.shape[2]);
+    let (c, d, sc) = (c3 / 3, c3 / (3 * heads), l.strides[2]);
+    let split = qkv.with_layout(Layout {
+        shape: vec![b, t, 3, heads, d],
+        strides: vec![l.strides[0], l.strides[1], sc * c, sc * d, sc],
+        offset: l.offset,
+    });
+    let head = |k: usize| split.narrow(2, k, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3]);
+    Ok([head(0)?, head(1)?, head(2)?])
 }
 
 /// (offset, b stride, h stride, t stride) of a (B, H, T, D) tensor.
@@ -447,65 +514,30 @@ impl Tensor {
         self.causal_attention_as(k, v, true)
     }
 
-    fn causal_attention_as(&self, k: &Tensor, v: &Tensor, merged: bool) -> Result<Tensor> {
-        let [b, h, t, d] = check_shapes(self, k, v, OP)?;
-        if d == 0 || d > MAX_HEAD_DIM {
+    /// Causal self-attention of a fused projection: `self` is (B, T, 3C), q, k and v side by
+    /// side along its last dim, each C = `heads` x D with D <= 128 (GPT-2's c_attn output);
+    /// returns (B, T, C) as `causal_attention_merged` does. The heads are read in place, and
+    /// the backward writes dQ, dK and dV into the thirds of one (B, T, 3C) gradient.
+    pub fn causal_self_attention(&self, heads: usize) -> Result<Tensor> {
+        let s = self.shape();
+        if self.rank() != 3 || heads == 0 || !s[2].is_multiple_of(3 * heads) {
             return Err(Error::ShapeMismatch {
                 op: OP,
-                expected: format!("a head dim (last axis) of 1 to {MAX_HEAD_DIM}"),
-                got: self.shape().to_vec(),
+                expected: format!("a fused qkv input (B, T, 3 x {heads} heads x D)"),
+                got: s.to_vec(),
             });
         }
-        let (q, kd, vd) = (unit_d(self)?, unit_d(k)?, unit_d(v)?);
-        let coop = coop_for(&q, &kd, &vd);
-        let device = self.device();
-        // Merged: O in (B, T, H, D) memory (`base`), seen by the kernels as (B, H, T, D).
-        let base = if merged {
-            Tensor::uninit(device, &[b, t, h, d], DType::F32, OP)?
-        } else {
-            Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?
-        };
-        let o = if merged {
-            base.permute(&[0, 2, 1, 3])?
-        } else {
-            base.clone()
-        };
-        let lse = Tensor::uninit(device, &[b, h, t], DType::F32, OP)?;
-        if o.numel() > 0 {
-            let params = AttentionParams {
-                heads: h as u32,
-                t: t as u32,
-                d: d as u32,
-                scale: scale(d),
-                q: view(&q),
-                k: view(&kd),
-                v: view(&vd),
-                o: view(&o),
-                ..Default::default()
-            };
-            let storage = [
-                o.storage(),
-                lse.storage(),
-                q.storage(),
-                kd.storage(),
-                vd.storage(),
-            ];
-            dispatch(Pass::Forward, &q, &params, &storage, false, false, coop)?;
-        }
-        let out = if merged {
-            base.reshape(&[b, t, h * d])?
-        } else {
-            base
-        };
-        Ok(record(out, &[self, k, v], || CausalAttentionBackward {
-            q,
-            k: kd,
-            v: vd,
-            o,
-            lse,
-            coop,
-            merged,
+        let [q, k, v] = heads_of(&self.detach(), heads)?;
+        let (out, state) = attention_forward(&q, &k, &v, true)?;
+        Ok(record(out, &[self], || CausalAttentionBackward {
+            fused_qkv: true,
+            ..state
         }))
+    }
+
+    fn causal_attention_as(&self, k: &Tensor, v: &Tensor, merged: bool) -> Result<Tensor> {
+        let (out, state) = attention_forward(self, k, v, merged)?;
+        Ok(record(out, &[self, k, v], || state))
     }
 
     /// The same function as `causal_attention` from unfused ops (matmul, a where-mask,
@@ -522,4 +554,75 @@ impl Tensor {
         let masked = Tensor::full(self.device(), &[1], f32::NEG_INFINITY)?;
         Tensor::where_cond(&keep, &s, &masked)?.softmax()?.matmul(v)
     }
+}
+
+/// The forward of `causal_attention` (merged: O as (B, T, H * D)) and what its backward saves.
+fn attention_forward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    merged: bool,
+) -> Result<(Tensor, CausalAttentionBackward)> {
+    let [b, h, t, d] = check_shapes(q, k, v, OP)?;
+    if d == 0 || d > MAX_HEAD_DIM {
+        return Err(Error::ShapeMismatch {
+            op: OP,
+            expected: format!("a head dim (last axis) of 1 to {MAX_HEAD_DIM}"),
+            got: q.shape().to_vec(),
+        });
+    }
+    let (q, kd, vd) = (unit_d(q)?, unit_d(k)?, unit_d(v)?);
+    let coop = coop_for(&q, &kd, &vd);
+    let device = q.device();
+    // Merged: O in (B, T, H, D) memory (`base`), seen by the kernels as (B, H, T, D).
+    let base = if merged {
+        Tensor::uninit(device, &[b, t, h, d], DType::F32, OP)?
+    } else {
+        Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?
+    };
+    let o = if merged {
+        base.permute(&[0, 2, 1, 3])?
+    } else {
+        base.clone()
+    };
+    let lse = Tensor::uninit(device, &[b, h, t], DType::F32, OP)?;
+    if o.numel() > 0 {
+        let params = AttentionParams {
+            heads: h as u32,
+            t: t as u32,
+            d: d as u32,
+            scale: scale(d),
+            q: view(&q),
+            k: view(&kd),
+            v: view(&vd),
+            o: view(&o),
+            ..Default::default()
+        };
+        let storage = [
+            o.storage(),
+            lse.storage(),
+            q.storage(),
+            kd.storage(),
+            vd.storage(),
+        ];
+        dispatch(Pass::Forward, &q, &params, &storage, false, false, coop)?;
+    }
+    let out = if merged {
+        base.reshape(&[b, t, h * d])?
+    } else {
+        base
+    };
+    Ok((
+        out,
+        CausalAttentionBackward {
+            q,
+            k: kd,
+            v: vd,
+            o,
+            lse,
+            coop,
+            merged,
+            fused_qkv: false,
+        },
+    ))
 }
