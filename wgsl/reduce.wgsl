@@ -9,6 +9,9 @@
 // reduce_partial: stage 1 of a reduction over all numel elements (strided by shape/strides):
 //   n_groups workgroups, workgroup g folds elements g*256+lid, stepping n_groups*256, into
 //   partial[g] (times scale). Stage 2 is reduce_dims over the partials.
+// reduce_partial_vec4: the same over a contiguous input from in_offset, both in_offset and
+//   numel multiples of 4 (checked by the launcher), folding vector g*256+lid, stepping
+//   n_groups*256 vectors, component by component.
 //
 // Specialization: OP (0 sum, 1 max, 2 min), ACC (add into the output: gradient accumulation).
 
@@ -160,5 +163,25 @@ fn reduce_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             total = red_combine(total, col_part[lid + q * COL_LANES], COMBINE); // squares combine as sums
         }
         store(p.out_offset + wid.y * p.out_numel + c, total * p.scale);
+    }
+}
+
+// reduce_partial_vec4's view of the input, 4 elements a vector (binding 2, as x: WGSL lets
+// entry points that do not share it reuse a binding number).
+@group(0) @binding(2) var<storage, read> x4: array<vec4<f32>>;
+
+@compute @workgroup_size(RED_WG)
+fn reduce_partial_vec4(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let g = wid.x;
+    let base = p.in_offset / 4u;
+    let n4 = p.numel / 4u;
+    var acc = identity();
+    for (var i = g * RED_WG + lanes.lid; i < n4; i += p.n_groups * RED_WG) {
+        let v = x4[base + i];
+        acc = fold(fold(fold(fold(acc, v.x), v.y), v.z), v.w);
+    }
+    acc = wg_reduce(acc, lanes, COMBINE);
+    if (lanes.lid == 0u) {
+        store(p.out_offset + g, acc * p.scale);
     }
 }

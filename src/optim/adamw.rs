@@ -330,8 +330,18 @@ impl AdamW {
                 strides: pack8(&[1]),
                 ..Default::default()
             };
+            let offset = chunk.grad.layout().offset;
+            let stage1 = ReduceParams {
+                in_offset: offset as u32,
+                ..stage1
+            };
+            let kernel = if chunk.numel.is_multiple_of(4) && offset.is_multiple_of(4) {
+                &reduce::REDUCE_PARTIAL_VEC4
+            } else {
+                &reduce::REDUCE_PARTIAL
+            };
             dev.record(
-                &reduce::REDUCE_PARTIAL,
+                kernel,
                 &squares,
                 &stage1,
                 &[self.partials.storage(), chunk.grad.storage()],
