@@ -99,3 +99,27 @@ fn autocast_attention_gradients_accumulate() -> Result<()> {
     }
     Ok(())
 }
+
+/// `causal_self_attention` (the model's call: the fused (B, T, 3C) input, O merged to
+/// (B, T, C), dQ, dK, dV written into one gradient) under autocast against the f32 reference.
+#[test]
+fn autocast_self_attention_on_a_fused_qkv_matches_the_reference() -> Result<()> {
+    let d = dev();
+    for shape in [[2, 3, 37, 64], [1, 2, 130, 64], [1, 2, 33, 40]] {
+        let [b, h, t, hd] = shape;
+        let mut r = rng(&format!("amp self attention {shape:?}"));
+        let x0 = Arr::rand(&mut r, &[b, t, 3 * h * hd], -1.0, 1.0).upload(d);
+        let w = Arr::rand(&mut r, &[b, h, t, hd], -1.0, 1.0).upload(d);
+        let (o_ref, g_ref) = run(&x0, &w, shape, false)?;
+        let x = x0.detach().requires_grad();
+        let o = autocast(true, || x.causal_self_attention(h))?; // (B, T, C)
+        let o = o.reshape(&[b, t, h, hd])?.transpose(1, 2)?; // (B, H, T, D), as the reference
+        o.mul(&w)?.sum_all()?.backward()?;
+        let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+        let o = o.contiguous()?.to_vec()?;
+        assert_close(&o, &f64s(&o_ref), HALF_TOL, &format!("O {shape:?}"));
+        let g = x.grad().expect("reached by backward").to_vec()?;
+        assert_close(&g, &f64s(&g_ref), HALF_TOL, &format!("d(qkv) {shape:?}"));
+    }
+    Ok(())
+}

@@ -16,12 +16,14 @@
 // fragment at a time (its accumulator a single variable: nothing indexes coop matrices at run
 // time) and are stored to the subgroup's f32 scratch rows; then the subgroup's lanes, LPR =
 // SGS / FS per row, each owning BC / LPR consecutive columns of its row, do the elementwise
-// work (mask, exp, rescale). Row statistics are combined across a row's lanes with subgroup
-// shuffles. The forward's O, rescaled every block, is accumulated by the lanes from the
-// scratch; the backward's dQ, dK and dV stay in accumulators across blocks, the subgroup's own
-// rows' operands (q and dO, k and v) in fragments (the OWN snippet), so their tiles take little
+// work (mask, exp). Row statistics are combined across a row's lanes with subgroup shuffles.
+// The outputs (O; dQ; dK and dV) stay in accumulators across blocks, the subgroup's own rows'
+// operands (q; q and dO; k and v) in fragments (the OWN snippet), so the tiles take little
 // workgroup memory and two workgroups share a core (NVIDIA's Vulkan driver gives a core about
-// 48 KiB of workgroup memory in all; PROFILING.md).
+// 48 KiB of workgroup memory in all; PROFILING.md). So that O needs no rescaling (which would
+// take it through the scratch every block), the forward runs two passes over the key blocks:
+// the first takes each query's row max and sum (S only), the second P = exp(S - lse), already
+// normalized, and O += P v.
 // Tiles, f16, rows padded by 8 halves, regions of one array h_sh (see its declaration); fragments
 // are loaded row-major (coopLoadT) as A or B operands, or column-major (coopLoad) for the
 // transposed operands (k^T, v^T, q^T, dO^T).
@@ -29,9 +31,8 @@
 // which have the most keys), y over b * H + h.
 //
 // Specialization: KIND (0 fwd, 1 dq, 2 dkv), FS, SGS, SG, BC, DMAX (head dim padded to a
-// multiple of FS), DPARTS (the column parts the [row][d] outputs pass the scratch in, so it is
-// DMAX / DPARTS wide; forward only), MA, MB, MC (the f16 A, B and f32 accumulator fragment
-// types), ACC_DQ, ACC_DK, ACC_DV (add into the target instead of overwriting it); snippet OWN.
+// multiple of FS), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
+// ACC_DK, ACC_DV (add into the target instead of overwriting it); snippet OWN.
 
 enable wgpu_cooperative_matrix;
 
@@ -76,11 +77,9 @@ const DS: u32 = DMAX + 8u;                 // tile row stride (halves)
 const PS: u32 = BC + 8u;                   // P / dS row stride (halves)
 // Scratch row strides (f32), padded by 4 words: the LPR lanes of a row read consecutive words
 // and the rows of a fragment fall in different banks (an unpadded stride of 32 or 64 words put
-// all 16 rows of a fragment in one bank). The forward passes O through the scratch (DPARTS
-// column parts of DPW); the backward passes keep dQ, dK, dV in accumulators and only their
-// scores (and, on the edge of T or D, one output fragment at a time) go through it.
-const DPW: u32 = DMAX / DPARTS;            // columns of a [row][d] output per scratch part
-const SW: u32 = select(max(BC, DPW), BC, BWD) + 4u;
+// all 16 rows of a fragment in one bank). Only scores go through it (and, on the edge of T or
+// D, one output fragment at a time).
+const SW: u32 = BC + 4u;
 const SW2: u32 = BC + 4u;
 const BW: u32 = BC / LPR;                  // a lane's columns of a [row][BC] block
 const DW: u32 = DMAX / LPR;                // a lane's columns of a [row][d] block
@@ -289,6 +288,9 @@ fn bt_dp(c0: u32, d0: u32) -> MB {
 }
 
 fn b_out(c0: u32, d0: u32) -> MB {
+    if (KIND == KIND_FWD) {
+        return b_v(c0, d0);
+    }
     if (KIND == KIND_DKV) {
         return b_q(c0, d0);
     }
@@ -316,17 +318,6 @@ fn row_max(x: f32) -> f32 {
     return m;
 }
 
-// Adds part h of a [row][d] output (its columns h * DPW.., in the scratch) into this lane's
-// columns of it, part * DW...
-fn add_part(acc: ptr<function, array<f32, DW>>, h: u32, row: u32, part: u32) {
-    for (var j = 0u; j < DW; j++) {
-        let d = part * DW + j;
-        if (d / DPW == h) {
-            (*acc)[j] += sc[row * SW + d - h * DPW];
-        }
-    }
-}
-
 fn row_sum(x: f32) -> f32 {
     var s = x;
     for (var o = 1u; o < LPR; o <<= 1u) {
@@ -336,22 +327,34 @@ fn row_sum(x: f32) -> f32 {
 }
 
 // ------------------------------------------------------------------------------------------
-// The backward passes keep their outputs (dQ; dK and dV) in accumulators across blocks. The
-// OWN snippet, generated per DMAX, holds them and the subgroup's own rows' fragments as
-// separate variables: `own_a(r0)` / `own_b(r0)` load those fragments (q and dO, or k and v)
-// from the start of h_sh; `s_dp(r0, c0)` stores a block's S and dP fragments (S^T and dP^T
-// for dK/dV) to the scratch; `add_out(r0)` adds the block's products into the accumulators;
+// Every pass keeps its outputs (O; dQ; dK and dV) in accumulators across blocks. The OWN
+// snippet, generated per DMAX, holds them and the subgroup's own rows' fragments as separate
+// variables: `own_a(r0)` / `own_b(r0)` load those fragments (q; q and dO; k and v) from the
+// start of h_sh; `s_only(r0, c0)` stores a block's S fragment to the scratch, `s_dp(r0, c0)`
+// its S and dP fragments (S^T and dP^T for dK/dV); `add_out(r0)` adds the block's products
+// (P v; scale dS k; dS^T (scale q) and P^T dO) into the accumulators;
 // `zero_out()`, `load_out`, `store_out` and `edge_store` begin and end them; `bt_s`, `bt_dp`
 // and `b_out` pick the pass's operands. A workgroup whose rows are all inside T,
 // with D = DMAX and the output views on 16-byte boundaries, loads (when accumulating) and
 // stores its accumulators straight from and to the outputs (`direct`); otherwise each output
 // fragment passes the subgroup's scratch rows and its lanes write what is inside T and D.
 
-// The first output (dQ, or dK) and whether it is accumulated into.
-const ACC_A: bool = select(ACC_DK, ACC_DQ, KIND == KIND_DQ);
+// The first output (O, dQ, or dK) and whether it is accumulated into (O never is).
+const ACC_A: bool = select(ACC_DK, ACC_DQ, KIND == KIND_DQ) && KIND != KIND_FWD;
 
 fn view_a() -> vec4<u32> {
+    if (KIND == KIND_FWD) {
+        return p.o;
+    }
     return select(p.dk, p.dq, KIND == KIND_DQ);
+}
+
+// The A operand of the first output's product: P (forward: O += P v), else scale * dS.
+fn a_out(r0: u32, c0: u32) -> MA {
+    if (KIND == KIND_FWD) {
+        return a_pp(r0, c0);
+    }
+    return a_ds(r0, c0);
 }
 
 // The fragment in the subgroup's scratch rows r0.. to rows row0 + r0.., columns d0.. of output
@@ -376,7 +379,7 @@ fn edge_out(which: u32, view: vec4<u32>, acc: bool, bh: u32, row0: u32, r0: u32,
 }
 
 // ------------------------------------------------------------------------------------------
-// Forward: O and lse for ROWS queries.
+// Forward: O and lse for ROWS queries, in two passes over the blocks of keys.
 
 @compute @workgroup_size(WG)
 fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -393,75 +396,64 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     stage_q(bh, q0, ROWS, 0u, lid);
     workgroupBarrier();
     own_a(r0);
+    let keys = min(q0 + ROWS, p.t);
+
+    // Pass 1: the row max m and sum l of exp(s - m) over the row's keys (l rescaled as m grows).
     var m = NEG_BIG;
     var l = 0.0;
-    var o: array<f32, DW>;            // O (unnormalized), columns part * DW ..
-    for (var j = 0u; j < DW; j++) {
-        o[j] = 0.0;
-    }
-
-    let keys = min(q0 + ROWS, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        workgroupBarrier(); // the previous block (or the own rows) is done with h_sh
+        workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
         stage_k(bh, k0, BC, K_OFF, lid);
-        stage_v(bh, k0, BC, V_OFF, lid);
         workgroupBarrier();
-        // S = (scale q) k^T, one fragment of keys at a time.
         for (var c0 = 0u; c0 < BC; c0 += FS) {
             s_only(r0, c0);
         }
         workgroupBarrier();
-        // Online softmax on this lane's columns of its row; P to its tile in f16.
         var mx = m;
         for (var j = 0u; j < BW; j++) {
             let c = part * BW + j;
-            let s = select(NEG_BIG, sc[row * SW + c], k0 + c <= qi);
-            sc[row * SW + c] = s;
-            mx = max(mx, s);
+            mx = max(mx, select(NEG_BIG, sc[row * SW + c], k0 + c <= qi));
         }
         mx = row_max(mx);
-        let alpha = exp(m - mx);
         var sum = 0.0;
         for (var j = 0u; j < BW; j++) {
             let c = part * BW + j;
-            let pc = exp(sc[row * SW + c] - mx);
-            sum += pc;
-            h_sh[PP_OFF + row * PS + c] = f16(pc);
+            sum += select(0.0, exp(sc[row * SW + c] - mx), k0 + c <= qi);
         }
-        l = l * alpha + row_sum(sum);
+        l = l * exp(m - mx) + row_sum(sum);
         m = mx;
-        for (var j = 0u; j < DW; j++) {
-            o[j] *= alpha;
+    }
+    let lse_i = m + log(l);
+
+    // Pass 2: O = sum over the blocks of P v, P = exp(s - lse) in f16.
+    // (Computed here from the workgroup id: naga takes it as uniform, and cooperative
+    // operations need uniform control flow.)
+    let direct = q0 + ROWS <= p.t && p.d == DMAX && all(p.o % vec4<u32>(4u) == vec4<u32>());
+    zero_out();
+    for (var k0 = 0u; k0 < keys; k0 += BC) {
+        workgroupBarrier();
+        stage_k(bh, k0, BC, K_OFF, lid);
+        stage_v(bh, k0, BC, V_OFF, lid);
+        workgroupBarrier();
+        for (var c0 = 0u; c0 < BC; c0 += FS) {
+            s_only(r0, c0);
         }
         workgroupBarrier();
-        // O += P v, one fragment of d at a time, through the scratch (DPARTS column parts).
-        for (var h = 0u; h < DPARTS; h++) {
-            for (var d0 = h * DPW; d0 < (h + 1u) * DPW; d0 += FS) {
-                var acc = MC();
-                for (var c0 = 0u; c0 < BC; c0 += FS) {
-                    acc = coopMultiplyAdd(a_pp(r0, c0), b_v(c0, d0), acc);
-                }
-                store_sc(acc, r0, d0 - h * DPW);
-            }
-            workgroupBarrier();
-            add_part(&o, h, row, part);
-            if (h + 1u < DPARTS) {
-                workgroupBarrier();
-            }
+        for (var j = 0u; j < BW; j++) {
+            let c = part * BW + j;
+            let valid = k0 + c <= qi && qi < p.t;
+            h_sh[PP_OFF + row * PS + c] = f16(select(0.0, exp(sc[row * SW + c] - lse_i), valid));
         }
+        workgroupBarrier();
+        add_out(r0);
     }
-
-    if (qi < p.t) {
-        let inv_l = 1.0 / l;
-        for (var j = 0u; j < DW; j++) {
-            let d = part * DW + j;
-            if (d < p.d) {
-                out_a[at(p.o, bh, qi, d)] = o[j] * inv_l;
-            }
-        }
-        if (part == 0u) {
-            out_b[bh * p.t + qi] = m + log(l);
-        }
+    if (direct) {
+        store_out(bh, q0, r0);
+    } else {
+        edge_store(bh, q0, r0, lane);
+    }
+    if (qi < p.t && part == 0u) {
+        out_b[bh * p.t + qi] = lse_i;
     }
 }
 

@@ -73,15 +73,12 @@ pub fn kernel(pass: Pass) -> &'static KernelDesc {
 }
 
 /// A pass's blocking: `sg` subgroups of fragment rows (the workgroup's own rows: queries, or
-/// keys for dK/dV), blocks of `bc` rows of the other side, head dim padded to `dmax`; the
-/// forward's O goes through the f32 scratch in `parts` column ranges (so the scratch is dmax /
-/// parts wide and takes less workgroup memory; the backward keeps dQ, dK, dV in accumulators).
+/// keys for dK/dV), blocks of `bc` rows of the other side, head dim padded to `dmax`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tile {
     pub sg: u32,
     pub bc: u32,
     pub dmax: u32,
-    pub parts: u32,
 }
 
 impl Tile {
@@ -104,12 +101,7 @@ impl Tile {
         };
         let halves = block.max(rows * ds);
         let one = |used: bool, n: u32| if used { n } else { 1 };
-        let sw = if bwd {
-            bc
-        } else {
-            bc.max(self.dmax / self.parts)
-        };
-        let floats = rows * (sw + 4) // sc
+        let floats = rows * (bc + 4) // sc
             + one(bwd, rows * (bc + 4)) // sc2
             + 2 * one(pass == Pass::Dkv, bc); // lse_c, dvec_c
         2 * halves + 4 * floats
@@ -119,48 +111,30 @@ impl Tile {
 /// The tile of `pass` at padded head dim `dmax` on `coop`: the first of the candidates (most
 /// rows per workgroup first) that fits `max_workgroup_bytes`.
 pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Option<Tile> {
-    // DistilGPT-2 at 8 x 512 (D 64) on an H200, 2026-11-23: the forward ran in 1.47 ms with
-    // 4 x 16 in 2 parts (18 KiB), 1.55 with 4 x 32 (31 KiB), 2.13 with 4 x 16 in one part. The
-    // backward passes keep their outputs in accumulators, so 4 x 16 takes 19-21 KiB and two
+    // Every pass keeps its outputs in accumulators, so 4 x 16 takes 18-21 KiB and two
     // workgroups share a core (NVIDIA's Vulkan driver gives a core about 48 KiB of workgroup
-    // memory; PROFILING.md).
-    let candidates: &[(u32, u32, u32)] = match pass {
-        Pass::Forward => &[(4, 16, 2), (4, 32, 1), (2, 16, 1), (1, 16, 1)],
-        Pass::Dq | Pass::Dkv => &[(4, 16, 1), (2, 16, 1), (1, 16, 1)],
-    };
+    // memory; PROFILING.md). DistilGPT-2 at 4 x 128 on an H200, 2026-11-24: 2 x 16 ran the
+    // forward in 32 us against 36 (4 x 16) but dQ in 42 against 36, 1 x 16 slower still.
+    let candidates: &[(u32, u32)] = &[(4, 16), (2, 16), (1, 16)];
     forced_tile()
         .into_iter()
         .chain(candidates.iter().copied())
-        .map(|(sg, bc, parts)| Tile {
-            sg,
-            bc,
-            dmax,
-            parts,
-        })
+        .map(|(sg, bc)| Tile { sg, bc, dmax })
         .find(|t| {
             t.dmax.is_multiple_of(coop.fs)
                 && t.bc.is_multiple_of(coop.fs)
-                // Each part whole fragments, and a lane's columns inside one part.
-                && t.parts >= 1
-                && t.dmax.is_multiple_of(t.parts * coop.fs)
-                && t.parts <= coop.sgs / coop.fs
                 && t.workgroup_bytes(pass, coop) <= max_workgroup_bytes
         })
 }
 
-/// `WGRAD_ATTN_TILE=SGxBC[xPARTS]` (e.g. `4x32`, `4x16x2`) tries that blocking first, where it
-/// fits (a measurement switch).
-fn forced_tile() -> Option<(u32, u32, u32)> {
-    static FORCED: std::sync::OnceLock<Option<(u32, u32, u32)>> = std::sync::OnceLock::new();
+/// `WGRAD_ATTN_TILE=SGxBC` (e.g. `4x32`) tries that blocking first, where it fits (a
+/// measurement switch).
+fn forced_tile() -> Option<(u32, u32)> {
+    static FORCED: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
     *FORCED.get_or_init(|| {
         let s = std::env::var("WGRAD_ATTN_TILE").ok()?;
-        let mut it = s.split('x').map(|x| x.parse().ok());
-        let (sg, bc) = (it.next()??, it.next()??);
-        let parts = match it.next() {
-            Some(p) => p?,
-            None => 1,
-        };
-        Some((sg, bc, parts))
+        let (sg, bc) = s.split_once('x')?;
+        Some((sg.parse().ok()?, bc.parse().ok()?))
     })
 }
 
@@ -174,7 +148,6 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
         .u32("SG", t.sg)
         .u32("BC", t.bc)
         .u32("DMAX", t.dmax)
-        .u32("DPARTS", t.parts)
         .bool("ACC_DQ", pass == Pass::Dq && acc_a)
         .bool("ACC_DK", pass == Pass::Dkv && acc_a)
         .bool("ACC_DV", pass == Pass::Dkv && acc_b)
@@ -232,7 +205,7 @@ fn write_own_source(nf: u32, fs: u32) -> String {
     }
     let _ = writeln!(
         w,
-        "    store_sc(s, r0, c0);\n    store_sc2(dp, r0, c0);\n}}\n\nfn add_out(r0: u32) {{\n    for (var c0 = 0u; c0 < BC; c0 += FS) {{\n        let ds = a_ds(r0, c0);"
+        "    store_sc(s, r0, c0);\n    store_sc2(dp, r0, c0);\n}}\n\nfn add_out(r0: u32) {{\n    for (var c0 = 0u; c0 < BC; c0 += FS) {{\n        let ds = a_out(r0, c0);"
     );
     for (i, d) in frags() {
         let _ = writeln!(
