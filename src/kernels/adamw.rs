@@ -59,6 +59,9 @@ pub static ADAMW_AMP: KernelDesc = KernelDesc {
 };
 
 pub const WORKGROUP: u64 = 256;
+/// Elements a lane updates: one vec4 of each buffer (a chunk's numel and n_decay are multiples
+/// of 4).
+pub const ELEMENTS_PER_LANE: u64 = 4;
 
 /// `amp`: the spec of ADAMW_AMP (an f16 copy), else of ADAMW.
 pub fn spec(amp: bool) -> Spec {

@@ -264,6 +264,16 @@ impl AdamW {
         }
         let t = self.step as i32;
         for (chunk, (m, v)) in params.chunks.iter().zip(&self.moments) {
+            // The kernel updates a vec4 a lane; `Parameters` lays chunks out in 4s.
+            if !(chunk.numel.is_multiple_of(4) && chunk.n_decay.is_multiple_of(4)) {
+                return Err(Error::InvalidArgument {
+                    op: "AdamW step",
+                    reason: format!(
+                        "a parameter chunk of {} elements ({} decayed) is not laid out in 4s",
+                        chunk.numel, chunk.n_decay
+                    ),
+                });
+            }
             let p = AdamWParams {
                 numel: chunk.numel as u32,
                 n_decay: chunk.n_decay as u32,
@@ -277,7 +287,8 @@ impl AdamW {
                 max_norm: c.max_grad_norm.unwrap_or(0.0),
                 _pad: [0; 2],
             };
-            let groups = dev.grid((chunk.numel as u64).div_ceil(adamw::WORKGROUP));
+            let groups = dev
+                .grid((chunk.numel as u64).div_ceil(adamw::WORKGROUP * adamw::ELEMENTS_PER_LANE));
             let mut storages = vec![
                 chunk.data.storage(),
                 m.storage(),
