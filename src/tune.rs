@@ -199,11 +199,12 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
         .into_iter()
         .map(|tile| time(tile, None))
         .collect::<Result<Vec<_>>>()?;
-    // Plain products of batch 1 may split K: the `SPLIT_TILES` fastest tiles in each number of
-    // ranges (each at least SPLIT_MIN_K long, their partial products within one storage
-    // binding). The tile that wins whole may lose split: the LM head's dX (4096 x 768 x 50257,
-    // H200) ran 2.29 ms on the fastest whole tile in 4 ranges, 2.02 on another in 8.
-    if !key.bias && key.batch == 1 {
+    // Plain and bias products of batch 1 may split K (a GELU product may not): the
+    // `SPLIT_TILES` fastest tiles in each number of ranges (each at least SPLIT_MIN_K long,
+    // their partial products within one storage binding). The tile that wins whole may lose
+    // split: the LM head's dX (4096 x 768 x 50257, H200) ran 2.29 ms on the fastest whole tile
+    // in 4 ranges, 2.02 on another in 8.
+    if !key.gelu && key.batch == 1 {
         let mut whole = measured.clone();
         whole.sort_by(|a, b| a.ms.total_cmp(&b.ms));
         let most = max_splits(device, key.m as usize, key.n as usize);

@@ -203,3 +203,98 @@ fn a_wide_linear_casting_its_input_first_changes_no_number() -> Result<()> {
     }
     Ok(())
 }
+
+/// A bias product split into ranges of K (forced, as a tile search times it): the ranges write
+/// partial products without the bias and the split sum adds it (broadcast over rows) as it
+/// writes an f32 or f16 output; in f32 (the tiled kernel) and under autocast (cooperative
+/// matrices where the adapter has them, else the tiled kernel's f16 tiles: against operands
+/// rounded to f16); against an f64 reference at odd shapes (one row, K past the last whole
+/// range, N not a multiple of 4, and one that is), the bias a view at an offset. The bias
+/// gradient is the seed's column sums as ever, and a GELU product does not split.
+#[test]
+fn a_bias_product_split_into_ranges_of_k_matches_f64() -> Result<()> {
+    use wgrad::ops::autocast;
+    use wgrad::DType;
+    let d = &private_dev();
+    let mut r = rng("linear split k");
+    let f16 = d.gpu().has(wgrad::wgpu::Features::SHADER_F16);
+    let modes: &[(bool, DType)] = if f16 {
+        &[
+            (false, DType::F32),
+            (false, DType::F16),
+            (true, DType::F32),
+            (true, DType::F16),
+        ]
+    } else {
+        &[(false, DType::F32)]
+    };
+    let round =
+        |v: &[f32]| -> Vec<f32> { v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect() };
+    for (rows, k, n) in [(1, 1001, 29), (37, 3001, 30), (6, 700, 3), (33, 1280, 64)] {
+        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+        let bs = rand_vec(&mut r, n + 3, -0.5, 0.5);
+        let seed = rand_vec(&mut r, rows * n, -1.0, 1.0);
+        // y = x W + b, b = bs[3..]
+        let reference = |xs: &[f32], ws: &[f32]| -> Vec<f64> {
+            (0..rows * n)
+                .map(|e| {
+                    let (i, j) = (e / n, e % n);
+                    let dot: f64 = (0..k)
+                        .map(|l| xs[i * k + l] as f64 * ws[l * n + j] as f64)
+                        .sum();
+                    dot + bs[3 + j] as f64
+                })
+                .collect()
+        };
+        let want = reference(&xs, &ws);
+        let want_half = reference(&round(&xs), &round(&ws));
+        let mut want_db = vec![0.0; n + 3];
+        for (e, &g) in seed.iter().enumerate() {
+            want_db[3 + e % n] += g as f64;
+        }
+        let x = Tensor::from_slice(d, &xs, &[rows, k])?;
+        let w = Tensor::from_slice(d, &ws, &[k, n])?;
+        for split in [2, 3, 5, 12] {
+            d.force_split(Some(split));
+            for &(half, dtype) in modes {
+                let b_base = Tensor::from_slice(d, &bs, &[n + 3])?.requires_grad();
+                let b = b_base.narrow(0, 3, n)?;
+                poison(d, rows * n);
+                d.sync()?;
+                let before = d.counters().dispatches;
+                let y = autocast(half, || x.linear_as(&w, Some(&b), Activation::None, dtype))?;
+                d.sync()?;
+                let what = format!(
+                    "{rows}x{k}x{n} in {split} ranges of K, {dtype:?} out{}",
+                    if half { ", autocast" } else { "" }
+                );
+                assert_eq!(
+                    d.counters().dispatches - before,
+                    2,
+                    "{what}: the partial products and their sum"
+                );
+                let tol = if dtype == DType::F16 { 1e-3 } else { 1e-4 };
+                let want = if half { &want_half } else { &want };
+                assert_close(&y.to_vec()?, want, tol, &what);
+                if dtype == DType::F32 {
+                    y.backward_with(&Tensor::from_slice(d, &seed, &[rows, n])?)?;
+                    let db = b_base.grad().expect("reached by backward").to_vec()?;
+                    assert_close(&db, &want_db, 1e-5, &format!("db, {what}"));
+                }
+            }
+        }
+        let b = Tensor::from_slice(d, &bs[3..], &[n])?;
+        d.sync()?;
+        let before = d.counters().dispatches;
+        x.linear(&w, Some(&b), Activation::Gelu)?;
+        d.sync()?;
+        assert_eq!(
+            d.counters().dispatches - before,
+            1,
+            "{rows}x{k}x{n}: a GELU product is one dispatch, forced split or not"
+        );
+    }
+    d.force_split(None);
+    Ok(())
+}

@@ -2197,14 +2197,15 @@ fn trim_then_reuse_gives_correct_results() {
 }
 
 /// A tile search over a step's products: plain, bias and GELU products each get a measured
-/// configuration (K ranges only where a plain product may split K), and the step gives the
-/// same gradients on the tuned configurations.
+/// configuration (K ranges where a plain or bias product may split K; a GELU product does
+/// not), and the step gives the same gradients on the tuned configurations.
 #[test]
 fn tile_search_covers_plain_bias_and_gelu_products() {
     use wgrad::ops::Activation;
     let d = private_dev();
     let mut rng = rng("tile search");
-    let (rows, c, h) = (512, 40, 48);
+    // h = rows: the bias product's K is long enough to split, as the dW products' are.
+    let (rows, c, h) = (512, 40, 512);
     let x = Arr::rand(&mut rng, &[rows, c], -1.0, 1.0).upload(&d);
     let w1 = Arr::rand(&mut rng, &[c, h], -0.5, 0.5)
         .upload(&d)
@@ -2212,17 +2213,22 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
     let b1 = Arr::rand(&mut rng, &[h], -0.5, 0.5)
         .upload(&d)
         .requires_grad();
-    let w2 = Arr::rand(&mut rng, &[h, c], -0.5, 0.5)
+    // Small enough that z = y W2 + b2 over h = 512 stays near 1: the gradients (sums over 512
+    // rows) then differ between configurations by rounding well under TOL.
+    let w2 = Arr::rand(&mut rng, &[h, c], -0.1, 0.1)
+        .upload(&d)
+        .requires_grad();
+    let b2 = Arr::rand(&mut rng, &[c], -0.5, 0.5)
         .upload(&d)
         .requires_grad();
     let step = || -> wgrad::Result<Vec<Vec<f32>>> {
-        for p in [&w1, &b1, &w2] {
+        for p in [&w1, &b1, &w2, &b2] {
             p.zero_grad();
         }
         let y = x.linear(&w1, Some(&b1), Activation::Gelu)?;
-        let z = y.linear(&w2, None, Activation::None)?;
+        let z = y.linear(&w2, Some(&b2), Activation::None)?;
         z.square()?.sum_all()?.backward()?;
-        [&w1, &b1, &w2]
+        [&w1, &b1, &w2, &b2]
             .iter()
             .map(|p| p.grad().expect("reached by backward").to_vec())
             .collect()
@@ -2231,6 +2237,11 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
     let searches = wgrad::tune::search_step(&d, 1, || step().map(drop)).unwrap();
     let keys: Vec<_> = searches.iter().map(|s| s.key).collect();
     assert!(keys.iter().any(|k| k.gelu && k.bias), "{keys:?}");
+    assert!(
+        keys.iter()
+            .any(|k| k.bias && !k.gelu && k.k as usize == rows),
+        "{keys:?}"
+    );
     assert!(
         keys.iter().any(|k| !k.bias && k.k as usize == rows),
         "{keys:?}"
@@ -2245,9 +2256,9 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
             "{}: the winner is in the table",
             s.key.describe()
         );
-        // Splits are measured for plain products (K = 512: one range or two).
+        // Splits are measured for plain and bias products (K = 512: one range or two).
         let splits: Vec<_> = s.measured.iter().filter_map(|m| m.split).collect();
-        if s.key.bias {
+        if s.key.gelu {
             assert!(splits.is_empty(), "{}", s.key.describe());
         } else if s.key.k as usize == rows {
             // One range and two, for each of the fastest whole-K tiles.

@@ -1,10 +1,11 @@
 // Split-K, second pass: C (+)= the sum over s of part[s], the partial products the matmul
 // kernels wrote for S ranges of K (a product whose M x N gives too few workgroups to fill the
-// GPU, over a long K).
+// GPU, over a long K); matmul_split_sum_bias adds bias[column] to the sum first (a bias
+// product's epilogue: its ranges write partials without it).
 //
 // Memory: part (S, M, N) contiguous f32; C (M, N) of type TC at c_off through its strides
-// c_ms, c_ns. One lane per element of C; the grid is 2-D past 65,535 workgroups (linear
-// workgroup id wid.y * nwg.x + wid.x). Specialization: TC, ACC (add into C).
+// c_ms, c_ns; bias (N) f32 at bias_off. One lane per element of C; the grid is 2-D past 65,535
+// workgroups (linear workgroup id wid.y * nwg.x + wid.x). Specialization: TC, ACC (add into C).
 
 struct Params {
     m: u32,
@@ -13,32 +14,57 @@ struct Params {
     c_off: u32,
     c_ms: u32,
     c_ns: u32,
+    bias_off: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> c: array<TC>;
-@group(0) @binding(2) var<storage, read> part: array<f32>;
+@group(0) @binding(1) var<storage, read_write> c: array<TC>;   // (M, N) through c_ms, c_ns
+@group(0) @binding(2) var<storage, read> part: array<f32>;     // (S, M, N)
+@group(0) @binding(3) var<storage, read> bias: array<f32>;     // (N), matmul_split_sum_bias
 
 const WG: u32 = 256u;
 
-@compute @workgroup_size(WG)
-fn matmul_split_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                    @builtin(local_invocation_index) lid: u32) {
-    let e = (wid.y * nwg.x + wid.x) * WG + lid;
+// The element of C this lane sums (row-major over (M, N); past the end in the last workgroup).
+fn element(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wid.y * nwg.x + wid.x) * WG + lid;
+}
+
+fn partial_sum(e: u32) -> f32 {
     let mn = p.m * p.n;
-    if (e >= mn) {
-        return;
-    }
     var sum = 0.0;
     for (var s = 0u; s < p.splits; s++) {
         sum += part[s * mn + e];
     }
+    return sum;
+}
+
+fn store_c(e: u32, v: f32) {
     let o = p.c_off + (e / p.n) * p.c_ms + (e % p.n) * p.c_ns;
     if (ACC) {
-        c[o] = TC(f32(c[o]) + sum);
+        c[o] = TC(f32(c[o]) + v);
     } else {
-        c[o] = TC(sum);
+        c[o] = TC(v);
     }
+}
+
+@compute @workgroup_size(WG)
+fn matmul_split_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let e = element(wid, nwg, lid);
+    if (e >= p.m * p.n) {
+        return;
+    }
+    store_c(e, partial_sum(e));
+}
+
+// C (+)= the sum + bias (bias indexed by column).
+@compute @workgroup_size(WG)
+fn matmul_split_sum_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let e = element(wid, nwg, lid);
+    if (e >= p.m * p.n) {
+        return;
+    }
+    store_c(e, partial_sum(e) + bias[p.bias_off + e % p.n]);
 }

@@ -83,7 +83,9 @@ pub struct SplitSumParams {
     pub c_off: u32,
     pub c_ms: u32,
     pub c_ns: u32,
-    pub _pad: [u32; 2],
+    /// Where the bias starts (`matmul_split_sum_bias`).
+    pub bias_off: u32,
+    pub _pad: u32,
 }
 
 /// C (+)= the sum of the split-K partial products (S, M, N).
@@ -91,6 +93,14 @@ pub static MATMUL_SPLIT_SUM: KernelDesc = KernelDesc {
     name: "matmul_split_sum",
     family: &SPLIT_FAMILY,
     storage: &[Access::ReadWrite, Access::Read],
+    params_size: std::mem::size_of::<SplitSumParams>() as u64,
+};
+
+/// C (+)= the sum of the split-K partial products (S, M, N) + bias: a bias product's epilogue.
+pub static MATMUL_SPLIT_SUM_BIAS: KernelDesc = KernelDesc {
+    name: "matmul_split_sum_bias",
+    family: &SPLIT_FAMILY,
+    storage: &[Access::ReadWrite, Access::Read, Access::Read],
     params_size: std::mem::size_of::<SplitSumParams>() as u64,
 };
 
@@ -104,7 +114,8 @@ pub const SPLIT_MIN_K: usize = 256;
 /// Ranges at most.
 pub const SPLIT_MAX: usize = 16;
 
-/// The ranges to split K into for a product of `tiles` workgroups: a power of two that brings
+/// The ranges to split K into for a product of `tiles` workgroups (a plain or bias product:
+/// the bias is added by the split sum): a power of two that brings
 /// the workgroups to `SPLIT_TARGET_GROUPS` (`WGRAD_SPLIT_TARGET` overrides it, a measurement
 /// switch), each range at least `SPLIT_MIN_K` long; 1 for none.
 pub fn split_k(tiles: usize, k: usize) -> usize {
@@ -327,6 +338,7 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     for &c in outs {
         for acc in [false, true] {
             v.push((&MATMUL_SPLIT_SUM, split_sum_spec(c, acc)));
+            v.push((&MATMUL_SPLIT_SUM_BIAS, split_sum_spec(c, acc)));
         }
     }
     let mut types = vec![Types::F32];

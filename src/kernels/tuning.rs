@@ -27,11 +27,14 @@ pub struct ProductKey {
     /// A read with M unit-stride (a transposed view); B read with K unit-stride.
     pub a_t: bool,
     pub b_t: bool,
-    /// A bias (and GELU) epilogue: such products cannot split K, so they tune apart.
+    /// A bias (and GELU) epilogue: the kernel adds the bias, or, split into ranges of K, the
+    /// split sum does; either way the work differs from a plain product's, so they tune apart.
+    /// (A table written before bias products could split holds no K ranges for them: the
+    /// launcher's rule decides.)
     #[serde(default)]
     pub bias: bool,
     /// The GELU epilogue (with `bias`): it stores twice (pre-activation and output), so it
-    /// tunes apart from a bias product.
+    /// tunes apart from a bias product; such products do not split K.
     #[serde(default)]
     pub gelu: bool,
     /// Every operand's rows (and C's) start on 8 elements (`rows_aligned`), so every kernel
@@ -315,6 +318,37 @@ mod tests {
             .unwrap()
             .is_empty());
         assert!(TileTable::from_json("{", "GPU", "1.0").is_err());
+    }
+
+    /// A bias product's entry keeps its K ranges; one written before bias products could split
+    /// (no `split`) loads with none, so the launcher's rule decides.
+    #[test]
+    fn bias_entries_keep_their_splits_and_older_ones_load_without() {
+        let key = ProductKey {
+            m: 512,
+            n: 768,
+            k: 3072,
+            batch: 1,
+            half: true,
+            a_f16: true,
+            b_f16: true,
+            a_t: false,
+            b_t: false,
+            bias: true,
+            gelu: false,
+            aligned: true,
+        };
+        let mut t = TileTable::default();
+        t.insert(key, TileChoice::Tiled(TILES[0]), Some(4), 0.05);
+        let back = TileTable::from_json(&t.to_json("GPU", "1.0"), "GPU", "1.0").unwrap();
+        assert_eq!(back.split(&key), Some(4));
+        let older = r#"{"adapter": "GPU", "driver": "1.0", "entries": [
+            {"m": 512, "n": 768, "k": 3072, "batch": 1, "half": true, "a_f16": true,
+             "b_f16": true, "a_t": false, "b_t": false, "bias": true, "gelu": false,
+             "aligned": true, "tile": "tiled 64x64x16/4x4", "ms": 0.07}]}"#;
+        let old = TileTable::from_json(older, "GPU", "1.0").unwrap();
+        assert_eq!(old.get(&key), Some(TileChoice::Tiled(TILES[0])));
+        assert_eq!(old.split(&key), None);
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub fn matmul_variant(device: &Device, key: &ProductKey) -> String {
         ),
     };
     match device.split_for(key) {
-        Some(s) if !key.bias && key.batch == 1 => format!("{kernel} split {s}"),
+        Some(s) if !key.gelu && key.batch == 1 => format!("{kernel} split {s}"),
         _ => kernel,
     }
 }
@@ -362,10 +362,25 @@ impl Tensor {
             Choice::Tiled(t) => (t.bm, t.bn, t.bk),
         };
         let tiles = m.div_ceil(bm as usize) * n.div_ceil(bn as usize) * batch;
+        // The bias (N) a bias epilogue adds, contiguous.
+        let bias = match epilogue {
+            Epilogue::None => None,
+            Epilogue::Bias(bias) | Epilogue::BiasGelu { bias, .. } => {
+                if bias.shape() != [n] {
+                    return Err(Error::ShapeMismatch {
+                        op: "linear",
+                        expected: format!("a bias of shape [{n}]"),
+                        got: bias.shape().to_vec(),
+                    });
+                }
+                Some(bias.contiguous()?)
+            }
+        };
         // Too few workgroups over a long K: ranges of K in workgroups of their own, partial
-        // products summed by a second kernel (plain products only; batch 1).
+        // products summed by a second kernel, which adds a bias product's bias (plain and bias
+        // products; batch 1; GELU's epilogue does not split).
         let split = match epilogue {
-            Epilogue::None if batch == 1 => match dev.split_for(&key) {
+            Epilogue::None | Epilogue::Bias(_) if batch == 1 => match dev.split_for(&key) {
                 // Measured (or forced by a search): at most one range a K step.
                 Some(s) => (s as usize).clamp(1, k.div_ceil(bk as usize)),
                 None => matmul::split_k(tiles, k),
@@ -373,7 +388,8 @@ impl Tensor {
             .min(max_splits(dev, m, n)),
             _ => 1,
         };
-        // With a split the matmul kernel writes f32 partials, the sum adds or writes C.
+        // With a split the plain matmul kernel writes f32 partials (no bias), the sum adds the
+        // bias and adds into or writes C.
         let (kernel_types, kernel_acc) = match split {
             1 => (types, acc),
             _ => (
@@ -471,19 +487,31 @@ impl Tensor {
                 c_off: params.c_off,
                 c_ms: params.c_ms,
                 c_ns: params.c_ns,
-                _pad: [0; 2],
+                bias_off: bias.as_ref().map_or(0, |b| b.layout().offset as u32),
+                _pad: 0,
             };
-            dev.record(
-                &matmul::MATMUL_SPLIT_SUM,
-                &matmul::split_sum_spec(out.dtype(), acc),
-                &sum,
-                &[out.storage(), part.storage()],
-                dev.grid((m * n).div_ceil(256) as u64),
-            );
+            let sum_spec = matmul::split_sum_spec(out.dtype(), acc);
+            let grid = dev.grid((m * n).div_ceil(256) as u64);
+            match &bias {
+                None => dev.record(
+                    &matmul::MATMUL_SPLIT_SUM,
+                    &sum_spec,
+                    &sum,
+                    &[out.storage(), part.storage()],
+                    grid,
+                ),
+                Some(bias) => dev.record(
+                    &matmul::MATMUL_SPLIT_SUM_BIAS,
+                    &sum_spec,
+                    &sum,
+                    &[out.storage(), part.storage(), bias.storage()],
+                    grid,
+                ),
+            }
             return Ok(out);
         }
-        match epilogue {
-            Epilogue::None => {
+        match bias {
+            None => {
                 dev.record(
                     kernels[0],
                     &spec,
@@ -492,15 +520,7 @@ impl Tensor {
                     groups,
                 );
             }
-            Epilogue::Bias(bias) | Epilogue::BiasGelu { bias, .. } => {
-                if bias.shape() != [n] {
-                    return Err(Error::ShapeMismatch {
-                        op: "linear",
-                        expected: format!("a bias of shape [{n}]"),
-                        got: bias.shape().to_vec(),
-                    });
-                }
-                let bias = bias.contiguous()?;
+            Some(bias) => {
                 let params = MatmulParams {
                     bias_off: bias.layout().offset as u32,
                     ..params
