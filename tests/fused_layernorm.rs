@@ -1,15 +1,16 @@
 //! The fused LayerNorm: forward against a CPU f64 reference at odd sizes with poisoned
-//! outputs; values and every gradient against the unfused composition of existing ops;
-//! backward against finite differences; errors; gradient accumulation into a shared gamma and
-//! into a reused x; gradient targets at an offset; the workgroup-memory reduction path; and
-//! its dispatch counts.
+//! outputs, in f32 and f16; values and every gradient against the unfused composition of
+//! existing ops, from f32 and f16 output gradients, for each subset of inputs wanting one, and
+//! added into existing gradients; backward against finite differences; errors; gradient
+//! accumulation into a shared gamma and into a reused x; gradient targets at an offset; the
+//! workgroup-memory reduction path; and its dispatch counts.
 
 mod common;
 
 use common::*;
 use rand::rngs::StdRng;
 use wgrad::autograd::gradcheck::{self, Input};
-use wgrad::{Error, Result, Tensor};
+use wgrad::{DType, Device, Error, Result, Tensor};
 
 const EPS: f32 = 1e-5;
 
@@ -78,7 +79,18 @@ fn grads(
     beta: &Arr,
     w: &Arr,
 ) -> Result<Vec<Vec<f32>>> {
-    let d = dev();
+    grads_on(dev(), f, x, gamma, beta, w)
+}
+
+/// `grads` on device `d`.
+fn grads_on(
+    d: &Device,
+    f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    x: &Arr,
+    gamma: &Arr,
+    beta: &Arr,
+    w: &Arr,
+) -> Result<Vec<Vec<f32>>> {
     let params = [x, gamma, beta].map(|a| a.upload(d).requires_grad());
     let y = f(&params[0], &params[1], &params[2])?;
     let loss = y.mul(&w.upload(d))?.sum_all()?;
@@ -117,6 +129,29 @@ fn fused_matches_unfused_values_and_gradients() -> Result<()> {
         for (i, name) in ["y", "dx", "dgamma", "dbeta"].iter().enumerate() {
             let want: Vec<f64> = unfused[i].iter().map(|&v| v as f64).collect();
             assert_close(&fused[i], &want, TOL, &format!("{name} {shape:?}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn backward_without_subgroups() -> Result<()> {
+    let mut rng = rng("layernorm_tree_backward");
+    for shape in [vec![5, 7], vec![70, 1030]] {
+        let (x, gamma, beta) = inputs(&mut rng, &shape);
+        let w = Arr::rand(&mut rng, &shape, -1.0, 1.0);
+        let ln = |x: &Tensor, g: &Tensor, b: &Tensor| x.layer_norm(g, b, EPS);
+        let tree = grads_on(tree_dev(), ln, &x, &gamma, &beta, &w)?;
+        let unfused = grads(
+            |x, g, b| x.layer_norm_unfused(g, b, EPS),
+            &x,
+            &gamma,
+            &beta,
+            &w,
+        )?;
+        for (i, name) in ["y", "dx", "dgamma", "dbeta"].iter().enumerate() {
+            let want: Vec<f64> = unfused[i].iter().map(|&v| v as f64).collect();
+            assert_close(&tree[i], &want, TOL, &format!("{name} (tree) {shape:?}"));
         }
     }
     Ok(())
@@ -303,8 +338,171 @@ fn dispatch_counts() -> Result<()> {
         "layer_norm dispatches (forward, backward): fused {:?}, unfused {:?}",
         counts[0], counts[1]
     );
-    // Forward: one kernel. Backward: dx, stage 1, stage 2 for dgamma and for dbeta.
-    assert_eq!(counts[0], (1, 4));
+    // Forward: one kernel. Backward: dx with the chunks' partial dgamma and dbeta, then both
+    // sums.
+    assert_eq!(counts[0], (1, 2));
+    Ok(())
+}
+
+#[test]
+fn dispatch_counts_with_an_f16_output_and_some_gradients() -> Result<()> {
+    let d = private_dev();
+    let mut rng = rng("layernorm_dispatches_f16");
+    let shape = [33, 768];
+    let (x, gamma, beta) = inputs(&mut rng, &shape);
+    let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0);
+    let seed = Tensor::from_slice_as(&d, &seed.f32s(), &shape, DType::F16)?;
+    // (x, gamma, beta wanting a gradient) -> backward dispatches: dx alone is one; the
+    // parameters take the partials (with dx where wanted) and one sum for one or both.
+    for (want, backward) in [
+        ([true, true, true], 2),
+        ([true, false, false], 1),
+        ([false, true, true], 2),
+        ([false, true, false], 2),
+        ([true, false, true], 2),
+    ] {
+        let [px, pg, pb] = [&x, &gamma, &beta]
+            .iter()
+            .zip(want)
+            .map(|(a, w)| {
+                let t = a.upload(&d);
+                if w {
+                    t.requires_grad()
+                } else {
+                    t
+                }
+            })
+            .collect::<Vec<_>>()
+            .try_into()
+            .expect("three inputs");
+        let c0 = d.counters();
+        let y = px.layer_norm_as(&pg, &pb, EPS, DType::F16)?;
+        let c1 = d.counters();
+        y.backward_with(&seed)?;
+        let c2 = d.counters();
+        assert_eq!(y.dtype(), DType::F16);
+        assert_eq!(
+            ((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches),
+            (1, backward),
+            "{want:?}"
+        );
+    }
+    Ok(())
+}
+
+/// Half an f16 ulp relative: the rounding of an f16 store.
+const F16_ROUNDING: f64 = 1.0 / 2048.0;
+
+#[test]
+fn f16_output_matches_f64_reference_within_its_rounding() -> Result<()> {
+    let d = dev();
+    let mut rng = rng("layernorm_forward_f16");
+    // 1030: columns past the 4 x 256 a backward lane keeps in registers.
+    for cols in [1, 7, 255, 768, 1000, 1030] {
+        for shape in [vec![1, cols], vec![3, 11, cols]] {
+            let (x, gamma, beta) = inputs(&mut rng, &shape);
+            let want = ln_ref(&x.data, &gamma.data, &beta.data, cols);
+            let y =
+                x.upload(d)
+                    .layer_norm_as(&gamma.upload(d), &beta.upload(d), EPS, DType::F16)?;
+            assert_eq!(y.dtype(), DType::F16);
+            assert_close(
+                &y.to_vec()?,
+                &want,
+                F16_ROUNDING + TOL,
+                &format!("layer_norm_as f16 {shape:?}"),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// After `passes` backward passes from `seed` (stored as `seed_dtype`): the gradients of x,
+/// gamma, beta where `want` asks for them, through the fused LayerNorm storing y as `y_dtype`
+/// (`Some`) or the unfused one (`None`, from the seed in f32: the same values).
+fn seeded_grads(
+    fused: Option<DType>,
+    (x, gamma, beta): (&Arr, &Arr, &Arr),
+    want: [bool; 3],
+    seed: &Arr,
+    seed_dtype: DType,
+    passes: usize,
+) -> Result<Vec<Option<Vec<f32>>>> {
+    let d = dev();
+    let params: Vec<Tensor> = [x, gamma, beta]
+        .iter()
+        .zip(want)
+        .map(|(a, w)| {
+            let t = a.upload(d);
+            if w {
+                t.requires_grad()
+            } else {
+                t
+            }
+        })
+        .collect();
+    for _ in 0..passes {
+        let (y, seed) = match fused {
+            Some(y_dtype) => (
+                params[0].layer_norm_as(&params[1], &params[2], EPS, y_dtype)?,
+                Tensor::from_slice_as(d, &seed.f32s(), &seed.shape, seed_dtype)?,
+            ),
+            None => (
+                params[0].layer_norm_unfused(&params[1], &params[2], EPS)?,
+                seed.upload(d),
+            ),
+        };
+        y.backward_with(&seed)?;
+    }
+    params
+        .iter()
+        .map(|p| p.grad().map(|g| g.to_vec()).transpose())
+        .collect()
+}
+
+#[test]
+fn gradients_from_f16_and_f32_output_gradients_match_unfused() -> Result<()> {
+    let mut rng = rng("layernorm_seeded_grads");
+    let all = [true, true, true];
+    // (shape, inputs wanting a gradient, passes: 2 adds into existing gradients)
+    let cases: Vec<(Vec<usize>, [bool; 3], usize)> = vec![
+        (vec![1, 7], all, 1),
+        (vec![5, 7], all, 2),
+        (vec![1, 768], all, 1),
+        (vec![33, 1030], all, 2),
+        (vec![5000, 37], all, 1),
+        (vec![5000, 37], all, 2),
+        (vec![2, 9, 13], [true, false, false], 2),
+        (vec![70, 13], [false, true, true], 2),
+        (vec![70, 13], [false, true, false], 1),
+        (vec![70, 13], [false, false, true], 2),
+        (vec![70, 1030], [true, true, false], 2),
+    ];
+    for (shape, want, passes) in cases {
+        let (x, gamma, beta) = inputs(&mut rng, &shape);
+        // Values an f16 holds exactly, so that both seeds carry the same gradient.
+        let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).map(|v| half::f16::from_f64(v).to_f64());
+        let xs = (&x, &gamma, &beta);
+        let reference = seeded_grads(None, xs, want, &seed, DType::F32, passes)?;
+        for y_dtype in [DType::F32, DType::F16] {
+            for seed_dtype in [DType::F32, DType::F16] {
+                let got = seeded_grads(Some(y_dtype), xs, want, &seed, seed_dtype, passes)?;
+                for (i, name) in ["dx", "dgamma", "dbeta"].iter().enumerate() {
+                    let what = format!(
+                        "{name} {shape:?} y {y_dtype:?} dy {seed_dtype:?} {passes} pass(es)"
+                    );
+                    match (&got[i], &reference[i]) {
+                        (Some(g), Some(r)) => {
+                            let r: Vec<f64> = r.iter().map(|&v| v as f64).collect();
+                            assert_close(g, &r, TOL, &what);
+                        }
+                        (None, None) => assert!(!want[i], "{what}"),
+                        _ => panic!("{what}: a gradient on one side only"),
+                    }
+                }
+            }
+        }
+    }
     Ok(())
 }
 

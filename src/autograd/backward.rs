@@ -45,76 +45,49 @@ impl BackwardCtx<'_> {
         i: usize,
         f: impl FnOnce(Out<'_>) -> Result<Tensor>,
     ) -> Result<()> {
-        let x = &self.inputs[i];
-        match meta(x) {
-            None => Ok(()),
-            Some(Meta::Leaf(leaf)) => {
-                let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
-                match (slot.grad.clone(), slot.stale) {
-                    (Some(buf), true) => {
-                        f(Out::Write(&buf))?;
-                    }
-                    (Some(buf), false) => {
-                        f(Out::Acc(&buf))?;
-                    }
-                    (None, _) => {
-                        let buf = f(Out::New)?;
-                        slot.grad = Some(buf.detach());
-                    }
-                }
-                slot.stale = false;
-                Ok(())
-            }
-            Some(Meta::Node(node)) => {
-                match self.store.grads.remove(&node.id) {
-                    None => {
-                        let t = f(Out::New)?;
-                        self.store.grads.insert(node.id, (t.detach(), true));
-                    }
-                    Some((buf, true)) => {
-                        f(Out::Acc(&buf))?;
-                        self.store.grads.insert(node.id, (buf, true));
-                    }
-                    Some((shared, false)) if shared.is_sole_view() && shared.is_contiguous() => {
-                        // Borrowed (passed through from another tensor's gradient, like a
-                        // residual's), but every other view of it is gone, so every reader of
-                        // it has been recorded: add into it in place (no sum, no new buffer).
-                        f(Out::Acc(&shared))?;
-                        self.store.grads.insert(node.id, (shared, true));
-                    }
-                    Some((shared, false)) => {
-                        // The gradient so far is borrowed and still read elsewhere: sum into a
-                        // new one.
-                        let t = f(Out::New)?;
-                        let sum = shared.add(&t)?;
-                        self.store.grads.insert(node.id, (sum, true));
-                    }
-                }
-                Ok(())
-            }
-            Some(Meta::View { base, rel }) => {
-                let covers = x.numel() == base.numel();
-                let (buf, mode) = self.full_target(base, covers)?;
-                if !buf.is_contiguous() {
-                    return Err(Error::InvalidArgument {
-                        op: "backward",
-                        reason:
-                            "a gradient buffer is not row-major (an engine invariant was broken)"
-                                .into(),
-                    });
-                }
-                let view = buf.with_layout(Layout {
-                    shape: rel.shape.clone(),
-                    strides: rel.strides.clone(),
-                    offset: buf.layout().offset + rel.offset,
-                });
-                match mode {
-                    Mode::Write => f(Out::Write(&view))?,
-                    Mode::Acc => f(Out::Acc(&view))?,
-                };
-                Ok(())
-            }
+        put_into(self.store, &self.inputs[i], |out, _| f(out))
+    }
+
+    /// Inputs `i` and `j`, both wanting a gradient, get their contributions from one `f` (one
+    /// kernel writing two gradients), which is handed both targets at once and returns
+    /// (i's, j's). Where the two gradients belong to the same leaf, node or view base, a
+    /// target of one may depend on the other having been written (the first contribution to
+    /// a leaf makes its buffer): `f` then makes both new and each is put in turn.
+    pub(crate) fn put_pair_with(
+        &mut self,
+        i: usize,
+        j: usize,
+        f: impl FnOnce(Out<'_>, Out<'_>) -> Result<(Tensor, Tensor)>,
+    ) -> Result<()> {
+        let (xi, xj) = (&self.inputs[i], &self.inputs[j]);
+        if !self.needed(i) || !self.needed(j) {
+            return Err(Error::InvalidArgument {
+                op: "backward",
+                reason: "put_pair_with for an input that wants no gradient (an engine \
+                         invariant was broken)"
+                    .into(),
+            });
         }
+        if grad_owner(xi) == grad_owner(xj) {
+            let (ti, tj) = f(Out::New, Out::New)?;
+            let pass = |t: Tensor| {
+                move |out: Out<'_>| match out {
+                    Out::New => Ok(t),
+                    out => copy_into(&t, out),
+                }
+            };
+            self.put_with(i, pass(ti))?;
+            return self.put_with(j, pass(tj));
+        }
+        put_into(self.store, xi, |out_i, store| {
+            let mut ti = None;
+            put_into(store, xj, |out_j, _| {
+                let (a, b) = f(out_i, out_j)?;
+                ti = Some(a);
+                Ok(b)
+            })?;
+            Ok(ti.expect("the pair's closure ran: both inputs want a gradient"))
+        })
     }
 
     /// Input `i` (of shape `shape`) gets `f`'s result, computed at the broadcast shape `full`:
@@ -145,58 +118,144 @@ impl BackwardCtx<'_> {
         }
         self.put_with(i, |out| copy_into(&t, out))
     }
+}
 
-    /// The whole gradient buffer of `base` (a leaf or node) for a view's contribution: made on
-    /// first use (zeroed unless the view covers it), owned, in place.
-    fn full_target(&mut self, base: &Tensor, covers: bool) -> Result<(Tensor, Mode)> {
-        let fresh = |covers: bool| -> Result<(Tensor, Mode)> {
-            if covers {
-                Ok((
-                    Tensor::uninit(
-                        base.device(),
-                        base.shape(),
-                        crate::graph::DType::F32,
-                        "backward",
-                    )?,
-                    Mode::Write,
-                ))
-            } else {
-                Ok((Tensor::zeros(base.device(), base.shape())?, Mode::Acc))
+/// `put_with` on the store: `f` gets the target of `x`'s gradient, and the store (for a
+/// nested target).
+fn put_into(
+    store: &mut GradStore,
+    x: &Tensor,
+    f: impl FnOnce(Out<'_>, &mut GradStore) -> Result<Tensor>,
+) -> Result<()> {
+    match meta(x) {
+        None => Ok(()),
+        Some(Meta::Leaf(leaf)) => {
+            let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
+            match (slot.grad.clone(), slot.stale) {
+                (Some(buf), true) => {
+                    f(Out::Write(&buf), store)?;
+                }
+                (Some(buf), false) => {
+                    f(Out::Acc(&buf), store)?;
+                }
+                (None, _) => {
+                    let buf = f(Out::New, store)?;
+                    slot.grad = Some(buf.detach());
+                }
             }
-        };
-        match meta(base) {
-            Some(Meta::Leaf(leaf)) => {
-                let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
-                let out = match (slot.grad.clone(), slot.stale) {
-                    (Some(buf), false) => (buf, Mode::Acc),
-                    (Some(buf), true) if covers => (buf, Mode::Write),
-                    (Some(buf), true) => {
-                        buf.fill_(0.0)?;
-                        (buf, Mode::Acc)
-                    }
-                    (None, _) => {
-                        let (buf, mode) = fresh(covers)?;
-                        slot.grad = Some(buf.clone());
-                        (buf, mode)
-                    }
-                };
-                slot.stale = false;
-                Ok(out)
-            }
-            Some(Meta::Node(node)) => {
-                let out = match self.store.grads.remove(&node.id) {
-                    Some((buf, true)) => (buf, Mode::Acc),
-                    Some((shared, false)) => (copy_into(&shared, Out::New)?, Mode::Acc),
-                    None => fresh(covers)?,
-                };
-                self.store.grads.insert(node.id, (out.0.clone(), true));
-                Ok(out)
-            }
-            _ => Err(Error::InvalidArgument {
-                op: "backward",
-                reason: "a view's base is itself a view (an engine invariant was broken)".into(),
-            }),
+            slot.stale = false;
+            Ok(())
         }
+        Some(Meta::Node(node)) => {
+            match store.grads.remove(&node.id) {
+                None => {
+                    let t = f(Out::New, store)?;
+                    store.grads.insert(node.id, (t.detach(), true));
+                }
+                Some((buf, true)) => {
+                    f(Out::Acc(&buf), store)?;
+                    store.grads.insert(node.id, (buf, true));
+                }
+                Some((shared, false)) if shared.is_sole_view() && shared.is_contiguous() => {
+                    // Borrowed (passed through from another tensor's gradient, like a
+                    // residual's), but every other view of it is gone, so every reader of
+                    // it has been recorded: add into it in place (no sum, no new buffer).
+                    f(Out::Acc(&shared), store)?;
+                    store.grads.insert(node.id, (shared, true));
+                }
+                Some((shared, false)) => {
+                    // The gradient so far is borrowed and still read elsewhere: sum into a
+                    // new one.
+                    let t = f(Out::New, store)?;
+                    let sum = shared.add(&t)?;
+                    store.grads.insert(node.id, (sum, true));
+                }
+            }
+            Ok(())
+        }
+        Some(Meta::View { base, rel }) => {
+            let covers = x.numel() == base.numel();
+            let (buf, mode) = full_target(store, base, covers)?;
+            if !buf.is_contiguous() {
+                return Err(Error::InvalidArgument {
+                    op: "backward",
+                    reason: "a gradient buffer is not row-major (an engine invariant was broken)"
+                        .into(),
+                });
+            }
+            let view = buf.with_layout(Layout {
+                shape: rel.shape.clone(),
+                strides: rel.strides.clone(),
+                offset: buf.layout().offset + rel.offset,
+            });
+            match mode {
+                Mode::Write => f(Out::Write(&view), store)?,
+                Mode::Acc => f(Out::Acc(&view), store)?,
+            };
+            Ok(())
+        }
+    }
+}
+
+/// What a tensor's gradient is part of: its leaf, node, or (for a view) its base's.
+fn grad_owner(t: &Tensor) -> Option<usize> {
+    match meta(t)? {
+        Meta::Leaf(leaf) => Some(Arc::as_ptr(leaf) as *const () as usize),
+        Meta::Node(node) => Some(Arc::as_ptr(node) as *const () as usize),
+        Meta::View { base, .. } => grad_owner(base),
+    }
+}
+
+/// The whole gradient buffer of `base` (a leaf or node) for a view's contribution: made on
+/// first use (zeroed unless the view covers it), owned, in place.
+fn full_target(store: &mut GradStore, base: &Tensor, covers: bool) -> Result<(Tensor, Mode)> {
+    let fresh = |covers: bool| -> Result<(Tensor, Mode)> {
+        if covers {
+            Ok((
+                Tensor::uninit(
+                    base.device(),
+                    base.shape(),
+                    crate::graph::DType::F32,
+                    "backward",
+                )?,
+                Mode::Write,
+            ))
+        } else {
+            Ok((Tensor::zeros(base.device(), base.shape())?, Mode::Acc))
+        }
+    };
+    match meta(base) {
+        Some(Meta::Leaf(leaf)) => {
+            let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
+            let out = match (slot.grad.clone(), slot.stale) {
+                (Some(buf), false) => (buf, Mode::Acc),
+                (Some(buf), true) if covers => (buf, Mode::Write),
+                (Some(buf), true) => {
+                    buf.fill_(0.0)?;
+                    (buf, Mode::Acc)
+                }
+                (None, _) => {
+                    let (buf, mode) = fresh(covers)?;
+                    slot.grad = Some(buf.clone());
+                    (buf, mode)
+                }
+            };
+            slot.stale = false;
+            Ok(out)
+        }
+        Some(Meta::Node(node)) => {
+            let out = match store.grads.remove(&node.id) {
+                Some((buf, true)) => (buf, Mode::Acc),
+                Some((shared, false)) => (copy_into(&shared, Out::New)?, Mode::Acc),
+                None => fresh(covers)?,
+            };
+            store.grads.insert(node.id, (out.0.clone(), true));
+            Ok(out)
+        }
+        _ => Err(Error::InvalidArgument {
+            op: "backward",
+            reason: "a view's base is itself a view (an engine invariant was broken)".into(),
+        }),
     }
 }
 

@@ -387,7 +387,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(loss_scale::variants());
     v.extend(cast::variants(f16));
     v.extend(random::variants());
-    v.extend(layernorm::variants());
+    v.extend(layernorm::variants(f16));
     v.extend(cross_entropy::variants(f16));
     v.extend(attention::variants());
     v.extend(peak::variants());

@@ -11,7 +11,7 @@
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Tensor};
 use crate::nn::{Gpt2Config, Parameters};
-use crate::ops::Activation;
+use crate::ops::{linear_casts_input, Activation};
 
 /// The training loss's logit rows start this many elements apart (GPT-2's 50,257 classes in
 /// rows of 50,304): the LM head's product then stores whole rows straight from its
@@ -33,8 +33,10 @@ pub struct Gpt2 {
     pub params: Parameters,
     pub kernels: Kernels,
     /// Mixed precision (`set_amp`): the matmuls read the weights' f16 copies and run in f16
-    /// with f32 accumulation; the MLP's GELU output is stored as f16 (its one consumer is a
-    /// matmul); LayerNorm, attention, softmax and cross-entropy stay f32.
+    /// with f32 accumulation; the MLP's GELU output and the LayerNorms' outputs (ln_1, ln_2,
+    /// ln_f) are stored as f16 by their kernels (each one's consumer is a matmul that would
+    /// round it to f16 first); LayerNorm statistics, attention, softmax and cross-entropy stay
+    /// f32.
     amp: bool,
 }
 
@@ -177,11 +179,14 @@ impl Gpt2 {
         for i in 0..cfg.n_layer {
             x = self.block(i, &x)?;
         }
+        // The LM head's (C, V) weight, where it is one linear (`lm_head`, `loss_logits`).
+        let head = (self.wte_shards()?.len() == 1).then_some((c, cfg.vocab_size));
         self.layer_norm(
             &x,
             self.p("ln_f.weight")?,
             self.p("ln_f.bias")?,
             cfg.layer_norm_epsilon,
+            head,
         )
     }
 
@@ -231,13 +236,16 @@ impl Gpt2 {
         let w = |s: &str| self.w(&format!("h.{i}.{s}"));
         let eps = cfg.layer_norm_epsilon;
 
-        let a = self.layer_norm(x, p("ln_1.weight")?, p("ln_1.bias")?, eps)?;
-        let qkv = self.linear(
-            &a,
-            w("attn.c_attn.weight")?,
-            Some(p("attn.c_attn.bias")?),
-            Activation::None,
-        )?; // (B, T, 3C)
+        let c_attn = w("attn.c_attn.weight")?;
+        let a = self.layer_norm(
+            x,
+            p("ln_1.weight")?,
+            p("ln_1.bias")?,
+            eps,
+            Some((c, c_attn.shape()[1])),
+        )?;
+        // (B, T, 3C)
+        let qkv = self.linear(&a, c_attn, Some(p("attn.c_attn.bias")?), Activation::None)?;
         let y = match self.kernels {
             // The heads read in place; dQ, dK, dV written into one (B, T, 3C) gradient.
             Kernels::Fused => qkv.causal_self_attention(h)?,
@@ -261,10 +269,17 @@ impl Gpt2 {
         )?;
         let x = x.add(&y)?;
 
-        let m = self.layer_norm(&x, p("ln_2.weight")?, p("ln_2.bias")?, eps)?;
+        let c_fc = w("mlp.c_fc.weight")?;
+        let m = self.layer_norm(
+            &x,
+            p("ln_2.weight")?,
+            p("ln_2.bias")?,
+            eps,
+            Some((c, c_fc.shape()[1])),
+        )?;
         let m = self.linear_as(
             &m,
-            w("mlp.c_fc.weight")?,
+            c_fc,
             Some(p("mlp.c_fc.bias")?),
             Activation::Gelu,
             if self.amp { DType::F16 } else { DType::F32 },
@@ -363,9 +378,24 @@ impl Gpt2 {
         }
     }
 
-    fn layer_norm(&self, x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+    /// LayerNorm whose output feeds the linear of a (K, N) weight `next`, where one does: under
+    /// mixed precision with the fused kernels, stored as f16 where that linear would round an
+    /// f32 input to f16 before its product (the same values, without the cast kernel; its
+    /// backward's dW reads this f16 copy). The reference composition stays f32.
+    fn layer_norm(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        beta: &Tensor,
+        eps: f32,
+        next: Option<(usize, usize)>,
+    ) -> Result<Tensor> {
         match self.kernels {
-            Kernels::Fused => x.layer_norm(gamma, beta, eps),
+            Kernels::Fused => {
+                let half = self.amp && next.is_some_and(|(k, n)| linear_casts_input(n, k));
+                let dtype = if half { DType::F16 } else { DType::F32 };
+                x.layer_norm_as(gamma, beta, eps, dtype)
+            }
             Kernels::Reference => x.layer_norm_unfused(gamma, beta, eps),
         }
     }

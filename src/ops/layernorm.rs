@@ -1,7 +1,11 @@
 //! LayerNorm over the last dim, fused. The forward is one dispatch that also saves mean and
-//! rstd; backward computes dx in one dispatch from them (the statistics are not recomputed),
-//! and dgamma, dbeta in two stages: partial sums per chunk of rows into a scratch, then one
-//! sum per gradient written into its target (overwritten or added into, as `Out` says).
+//! rstd, and stores y as f32 or (`layer_norm_as`) f16 for a matmul that reads f16 operands: the
+//! statistics and the normalization are f32 either way. The backward is two dispatches from
+//! the saved statistics (never recomputed): one workgroup per chunk of rows computes each
+//! row's dx and the chunk's partial dgamma and dbeta into a scratch, then one dispatch sums
+//! the partials into both parameter gradients, each written into its target as its `Out`
+//! says (overwritten or added into). dy may be f32 or f16 (an f16 gradient where the consumer
+//! made one); dx, dgamma, dbeta are f32.
 //! `layer_norm_unfused` is the same function in existing ops: the reference tests compare.
 //!
 //! Shapes: x (..., C) seen as (rows, C); gamma, beta (C); mean, rstd (rows).
@@ -9,18 +13,25 @@
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
-use crate::kernels::layernorm::{self, LayerNormParams};
+use crate::kernels::layernorm::{self, LayerNormParams, Write};
 use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
 
 const OP: &str = "layer_norm";
 
-/// Stage 1 gives each chunk at least this many rows, so that a lane's loop outweighs writing
-/// its partial (a starting point, not yet tuned on a device).
-const MIN_CHUNK_ROWS: usize = 32;
-/// At most this many chunks: bounds the (2, n_chunks, C) scratch and stage 2's loop; 256
-/// chunks of 32 rows cover 8192 rows (a GPT-2 batch of 8 x 1024) before chunks grow.
+/// The backward gives each chunk at least this many rows where there are enough chunks to
+/// occupy a GPU's cores (one workgroup per chunk), so that a DistilGPT-2 step's 1024 to 4096
+/// rows make 128 to 256 workgroups (a starting point, not yet tuned on a device).
+const MIN_CHUNK_ROWS: usize = 8;
+/// At most this many chunks: bounds the (2, n_chunks, C) scratch and stage 2's loop (one lane
+/// a column sums them all); 256 chunks of 8 rows cover 2048 rows before chunks grow.
 const MAX_CHUNKS: usize = 256;
+
+/// (chunks, rows per chunk) of the backward over `rows` rows when it sums dgamma and dbeta.
+fn chunks(rows: usize) -> (usize, usize) {
+    let n_chunks = rows.div_ceil(MIN_CHUNK_ROWS).clamp(1, MAX_CHUNKS);
+    (n_chunks, rows.div_ceil(n_chunks))
+}
 
 /// What backward needs: the forward's input and scale, and the statistics it saved.
 struct LayerNormBackward {
@@ -47,31 +58,58 @@ impl Backward for LayerNormBackward {
         // The kernels read dy as contiguous rows (a broadcast gradient, e.g. from a mean,
         // costs one copy here).
         let dy = g.contiguous()?;
+        let (need_gamma, need_beta) = (ctx.needed(1), ctx.needed(2));
+        let partial = if need_gamma || need_beta {
+            let (rows, cols) = rows_cols(&self.x);
+            let n_chunks = chunks(rows).0;
+            Some(Tensor::uninit(
+                self.x.device(),
+                &[2, n_chunks, cols],
+                DType::F32,
+                OP,
+            )?)
+        } else {
+            None
+        };
         if ctx.needed(0) {
-            ctx.put_with(0, |out| self.dx(&dy, out))?;
+            ctx.put_with(0, |out| self.dx(&dy, out, partial.as_ref()))?;
+        } else if let Some(partial) = &partial {
+            self.launch(&dy, None, Some(partial));
         }
-        if ctx.needed(1) || ctx.needed(2) {
-            let partial = self.param_partials(&dy)?;
-            for (input, which) in [(1, 0), (2, 1)] {
-                if ctx.needed(input) {
-                    ctx.put_with(input, |out| self.param_sum(&partial, which, out))?;
-                }
-            }
+        let Some(partial) = partial else {
+            return Ok(());
+        };
+        match (need_gamma, need_beta) {
+            (true, true) => ctx.put_pair_with(1, 2, |g, b| {
+                let [g, b] = self.param_sums(&partial, Some(g), Some(b))?;
+                Ok((
+                    g.expect("dgamma was asked for"),
+                    b.expect("dbeta was asked for"),
+                ))
+            }),
+            (true, false) => ctx.put_with(1, |g| {
+                let [g, _] = self.param_sums(&partial, Some(g), None)?;
+                Ok(g.expect("dgamma was asked for"))
+            }),
+            _ => ctx.put_with(2, |b| {
+                let [_, b] = self.param_sums(&partial, None, Some(b))?;
+                Ok(b.expect("dbeta was asked for"))
+            }),
         }
-        Ok(())
     }
 }
 
 impl LayerNormBackward {
-    /// dx, written per `out` in one dispatch (one workgroup per row).
-    fn dx(&self, dy: &Tensor, out: Out<'_>) -> Result<Tensor> {
+    /// dx, written per `out`, and the chunks' partial dgamma and dbeta into `partial` where
+    /// given: one dispatch.
+    fn dx(&self, dy: &Tensor, out: Out<'_>, partial: Option<&Tensor>) -> Result<Tensor> {
         let x = &self.x;
-        let device = x.device();
-        let inputs = [dy, x, &self.gamma, &self.mean, &self.rstd];
-        let (target, acc) = out.resolve(OP, device, x.shape(), &inputs)?;
+        let mut inputs = vec![dy, x, &self.gamma, &self.mean, &self.rstd];
+        inputs.extend(partial);
+        let (target, acc) = out.resolve(OP, x.device(), x.shape(), &inputs)?;
         if !target.is_contiguous() {
             // The kernel writes contiguous rows: compute into a new tensor, then copy it in.
-            let fresh = self.dx(dy, Out::New)?;
+            let fresh = self.dx(dy, Out::New, partial)?;
             let out = if acc {
                 Out::Acc(&target)
             } else {
@@ -79,90 +117,97 @@ impl LayerNormBackward {
             };
             return launch_copy(&fresh, out);
         }
+        self.launch(dy, Some((&target, acc)), partial);
+        Ok(target)
+    }
+
+    /// The backward kernel: dx into `dx` (contiguous; added into where its flag says) and the
+    /// (2, n_chunks, C) partial sums into `partial`, each where given. Without the partials,
+    /// one row a workgroup.
+    fn launch(&self, dy: &Tensor, dx: Option<(&Tensor, bool)>, partial: Option<&Tensor>) {
+        let x = &self.x;
+        let device = x.device();
         let (rows, cols) = rows_cols(x);
+        let (n_chunks, chunk_rows) = match partial {
+            Some(_) => chunks(rows),
+            None => (rows, 1),
+        };
+        // A binding the variant does not touch gets the other written buffer.
+        let (dx_buf, partial_buf) = match (dx, partial) {
+            (Some((t, _)), Some(p)) => (t, p),
+            (Some((t, _)), None) => (t, t),
+            (None, Some(p)) => (p, p),
+            (None, None) => return,
+        };
         let params = LayerNormParams {
             rows: rows as u32,
             cols: cols as u32,
             x_offset: x.layout().offset as u32,
             gamma_offset: self.gamma.layout().offset as u32,
             dy_offset: dy.layout().offset as u32,
-            out_offset: target.layout().offset as u32,
+            out_offset: dx_buf.layout().offset as u32,
+            n_chunks: n_chunks as u32,
+            chunk_rows: chunk_rows as u32,
             ..Default::default()
         };
         device.record(
-            &layernorm::LAYERNORM_BACKWARD_DX,
-            &layernorm::spec(acc),
+            &layernorm::LAYERNORM_BACKWARD,
+            &layernorm::backward_spec(dy.dtype(), dx.map(|(_, acc)| acc), partial.is_some()),
             &params,
             &[
-                target.storage(),
+                dx_buf.storage(),
                 x.storage(),
                 dy.storage(),
                 self.mean.storage(),
                 self.rstd.storage(),
                 self.gamma.storage(),
+                partial_buf.storage(),
             ],
-            device.grid(rows as u64),
+            device.grid(n_chunks as u64),
         );
-        Ok(target)
     }
 
-    /// Stage 1: the (2, n_chunks, C) partial sums of dy * xhat (dgamma) and dy (dbeta) over
-    /// chunks of rows.
-    fn param_partials(&self, dy: &Tensor) -> Result<Tensor> {
-        let x = &self.x;
-        let device = x.device();
-        let (rows, cols) = rows_cols(x);
-        let n_chunks = rows.div_ceil(MIN_CHUNK_ROWS).clamp(1, MAX_CHUNKS);
-        let chunk_rows = rows.div_ceil(n_chunks);
-        let partial = Tensor::uninit(device, &[2, n_chunks, cols], DType::F32, OP)?;
-        let params = LayerNormParams {
-            rows: rows as u32,
-            cols: cols as u32,
-            x_offset: x.layout().offset as u32,
-            dy_offset: dy.layout().offset as u32,
-            n_chunks: n_chunks as u32,
-            chunk_rows: chunk_rows as u32,
-            ..Default::default()
-        };
-        let col_blocks = (cols as u64).div_ceil(layernorm::WORKGROUP);
-        device.record(
-            &layernorm::LAYERNORM_BACKWARD_PARTIAL,
-            &layernorm::spec(false),
-            &params,
-            &[
-                partial.storage(),
-                x.storage(),
-                dy.storage(),
-                self.mean.storage(),
-                self.rstd.storage(),
-            ],
-            device.grid(n_chunks as u64 * col_blocks),
-        );
-        Ok(partial)
-    }
-
-    /// Stage 2: dgamma (`which` 0) or dbeta (1) from the partials, written per `out` (any
-    /// stride) in one dispatch.
-    fn param_sum(&self, partial: &Tensor, which: usize, out: Out<'_>) -> Result<Tensor> {
+    /// Stage 2: dgamma and dbeta from the partials, each written per its `Out` (any stride)
+    /// where given, in one dispatch.
+    fn param_sums(
+        &self,
+        partial: &Tensor,
+        dgamma: Option<Out<'_>>,
+        dbeta: Option<Out<'_>>,
+    ) -> Result<[Option<Tensor>; 2]> {
         let device = partial.device();
         let (n_chunks, cols) = (partial.shape()[1], partial.shape()[2]);
-        let (target, acc) = out.resolve(OP, device, &[cols], &[partial])?;
+        let resolve = |out: Option<Out<'_>>| -> Result<Option<(Tensor, bool)>> {
+            out.map(|o| o.resolve(OP, device, &[cols], &[partial]))
+                .transpose()
+        };
+        let (g, b) = (resolve(dgamma)?, resolve(dbeta)?);
+        let mode = |t: &Option<(Tensor, bool)>| t.as_ref().map_or(Write::None, |t| Write::of(t.1));
+        let spec = layernorm::sum_spec(mode(&g), mode(&b));
+        // A target not asked for is not touched: its binding gets the other.
+        let (gt, bt) = match (&g, &b) {
+            (Some((g, _)), Some((b, _))) => (g, b),
+            (Some((g, _)), None) => (g, g),
+            (None, Some((b, _))) => (b, b),
+            (None, None) => return Ok([None, None]),
+        };
         let params = LayerNormParams {
             cols: cols as u32,
             n_chunks: n_chunks as u32,
-            partial_offset: (which * n_chunks * cols) as u32,
-            out_offset: target.layout().offset as u32,
-            out_stride: target.strides()[0] as u32,
+            dgamma_offset: gt.layout().offset as u32,
+            dgamma_stride: gt.strides()[0] as u32,
+            dbeta_offset: bt.layout().offset as u32,
+            dbeta_stride: bt.strides()[0] as u32,
             ..Default::default()
         };
         device.record(
             &layernorm::LAYERNORM_BACKWARD_SUM,
-            &layernorm::spec(acc),
+            &spec,
             &params,
-            &[target.storage(), partial.storage()],
+            &[gt.storage(), bt.storage(), partial.storage()],
             device.grid((cols as u64).div_ceil(layernorm::WORKGROUP)),
         );
-        Ok(target)
+        Ok([g.map(|t| t.0), b.map(|t| t.0)])
     }
 }
 
@@ -210,13 +255,47 @@ impl Tensor {
     /// LayerNorm over the last dim: (x - mean) / sqrt(var + eps) * gamma + beta, with the
     /// biased variance (as PyTorch) and f32 statistics. x (..., C); gamma, beta (C).
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<Tensor> {
+        self.layer_norm_as(gamma, beta, eps, DType::F32)
+    }
+
+    /// `layer_norm` with y stored as `dtype`: f32, or f16 for a consumer that reads f16
+    /// operands (a mixed-precision matmul: the rounding is the kernel's store, no cast
+    /// kernel). The statistics and the normalization are f32 either way.
+    pub fn layer_norm_as(
+        &self,
+        gamma: &Tensor,
+        beta: &Tensor,
+        eps: f32,
+        dtype: DType,
+    ) -> Result<Tensor> {
         check_args(self, gamma, beta, eps)?;
+        let device = self.device();
+        let gpu = device.gpu();
+        match dtype {
+            DType::F32 => {}
+            DType::F16 if gpu.has(wgpu::Features::SHADER_F16) => {}
+            DType::F16 => {
+                return Err(Error::InvalidArgument {
+                    op: OP,
+                    reason: format!(
+                        "an f16 output needs f16 in shaders (shader-f16), which {} lacks",
+                        gpu.info.name
+                    ),
+                })
+            }
+            DType::U32 => {
+                return Err(Error::DTypeMismatch {
+                    op: OP,
+                    expected: DType::F32,
+                    got: DType::U32,
+                })
+            }
+        }
         let x = self.contiguous()?;
         let gamma = gamma.contiguous()?;
         let beta = beta.contiguous()?;
         let (rows, cols) = rows_cols(&x);
-        let device = x.device();
-        let y = Tensor::uninit(device, x.shape(), DType::F32, OP)?;
+        let y = Tensor::uninit(device, x.shape(), dtype, OP)?;
         let mean = Tensor::uninit(device, &[rows], DType::F32, OP)?;
         let rstd = Tensor::uninit(device, &[rows], DType::F32, OP)?;
         let params = LayerNormParams {
@@ -230,7 +309,7 @@ impl Tensor {
         };
         device.record(
             &layernorm::LAYERNORM_FORWARD,
-            &layernorm::spec(false),
+            &layernorm::forward_spec(dtype),
             &params,
             &[
                 y.storage(),

@@ -109,8 +109,9 @@ impl LinearBackward {
 
 /// Whether an f32 input of a (K, N) weight under autocast is rounded to f16 before the
 /// product: where the output has 3 K columns or more (`WGRAD_LINEAR_CAST=all|none|wide`, a
-/// measurement switch; `wide` is the default).
-fn cast_input(n: usize, k: usize) -> bool {
+/// measurement switch; `wide` is the default). An f16 input is used as it is: a producer may
+/// store f16 for such a linear (GPT-2's LayerNorms do under mixed precision).
+pub(crate) fn cast_input(n: usize, k: usize) -> bool {
     static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     match MODE
         .get_or_init(|| std::env::var("WGRAD_LINEAR_CAST").unwrap_or_default())

@@ -19,6 +19,7 @@ mod view;
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
 pub use crate::kernels::reduce::ReduceOp;
 pub use autocast::{autocast, autocast_enabled};
+pub(crate) use linear::cast_input as linear_casts_input;
 pub use linear::Activation;
 pub use matmul::{candidate_tiles, heuristic_tile, matmul_variant};
 
