@@ -16,11 +16,11 @@
 //   keeps the sums of its first LANE_COLS columns in registers over the chunk's rows (columns
 //   past LANE_COLS * 256 take a second pass over the rows), then writes them into the
 //   (2, n_chunks, C) scratch: partial[0, chunk, c] (dgamma), partial[1, chunk, c] (dbeta).
-// layernorm_backward_sum: stage 2, one lane per column: sums the n_chunks partials of dgamma
+// layernorm_backward_sum: stage 2, SUM_COLS columns a workgroup, each summed by SUM_GROUPS
+//   lanes over interleaved chunks, then in workgroup memory: the n_chunks partials of dgamma
 //   and of dbeta into dgamma[dgamma_offset + c * dgamma_stride] and dbeta[...] (each written
-//   per its mode G_OUT, B_OUT: none, overwrite or add), SUM_LANES chunks at a time into
-//   SUM_LANES running sums (the last few into one), added in order. Fixed summation order:
-//   the same bits every run (no atomics).
+//   per its mode G_OUT, B_OUT: none, overwrite or add). Fixed summation order: the same bits
+//   every run (no atomics).
 //
 // Memory: x (f32) and dy (DY: f32 or f16) are (rows, C) row-major from x_offset / dy_offset;
 // gamma and beta (C) from their offsets; mean and rstd (rows); y (rows, C) from 0, dx (rows, C)
@@ -208,38 +208,58 @@ fn layernorm_backward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
-const SUM_LANES: u32 = 8u;
+// Stage 2's workgroup: SUM_COLS columns x SUM_GROUPS groups of chunks (group g sums chunks g,
+// g + SUM_GROUPS, ...), so that 768 columns make 48 workgroups instead of 3 and a lane issues
+// n_chunks / 16 loads, not n_chunks; the groups' sums meet in workgroup memory.
+const SUM_COLS: u32 = 16u;
+const SUM_GROUPS: u32 = RED_WG / SUM_COLS;
+// Running sums a lane keeps, so that as many of its loads are in flight at once.
+const SUM_LANES: u32 = 4u;
+var<workgroup> sum_scratch: array<f32, 2u * RED_WG>;
 
 @compute @workgroup_size(RED_WG)
 fn layernorm_backward_sum(@builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_index) lid: u32) {
-    let c = (wid.y * nwg.x + wid.x) * RED_WG + lid;
-    if (c >= p.cols) { return; }
-    // SUM_LANES partial sums of each gradient, so that as many loads are in flight a lane (a
-    // handful of workgroups run this: one chain of dependent adds took 15 us for 128 chunks
-    // on an H200); added in a fixed order.
+    let col = lid % SUM_COLS;
+    let group = lid / SUM_COLS;
+    let c = (wid.y * nwg.x + wid.x) * SUM_COLS + col;
+    // No early exit: every lane reaches the barrier; lanes past C load nothing.
+    let valid = c < p.cols;
     let b_start = p.n_chunks * p.cols;
     var part_g: array<f32, SUM_LANES>;
     var part_b: array<f32, SUM_LANES>;
-    var k = 0u;
-    for (; k + SUM_LANES <= p.n_chunks; k += SUM_LANES) {
-        for (var u = 0u; u < SUM_LANES; u++) {
-            let i = (k + u) * p.cols + c;
-            if (G_OUT != NONE) { part_g[u] += partial_in[i]; }
-            if (B_OUT != NONE) { part_b[u] += partial_in[b_start + i]; }
+    if (valid) {
+        var k = group;
+        for (; k + (SUM_LANES - 1u) * SUM_GROUPS < p.n_chunks; k += SUM_LANES * SUM_GROUPS) {
+            for (var u = 0u; u < SUM_LANES; u++) {
+                let i = (k + u * SUM_GROUPS) * p.cols + c;
+                if (G_OUT != NONE) { part_g[u] += partial_in[i]; }
+                if (B_OUT != NONE) { part_b[u] += partial_in[b_start + i]; }
+            }
+        }
+        for (; k < p.n_chunks; k += SUM_GROUPS) {
+            let i = k * p.cols + c;
+            if (G_OUT != NONE) { part_g[0] += partial_in[i]; }
+            if (B_OUT != NONE) { part_b[0] += partial_in[b_start + i]; }
         }
     }
     var sg = 0.0;
     var sb = 0.0;
-    for (; k < p.n_chunks; k++) {
-        let i = k * p.cols + c;
-        if (G_OUT != NONE) { sg += partial_in[i]; }
-        if (B_OUT != NONE) { sb += partial_in[b_start + i]; }
-    }
     for (var u = 0u; u < SUM_LANES; u++) {
         sg += part_g[u];
         sb += part_b[u];
+    }
+    sum_scratch[lid] = sg;
+    sum_scratch[RED_WG + lid] = sb;
+    workgroupBarrier();
+    if (group != 0u || !valid) { return; }
+    // The groups' sums in a fixed order: the same bits every run (no atomics).
+    sg = 0.0;
+    sb = 0.0;
+    for (var g = 0u; g < SUM_GROUPS; g++) {
+        sg += sum_scratch[g * SUM_COLS + col];
+        sb += sum_scratch[RED_WG + g * SUM_COLS + col];
     }
     let og = p.dgamma_offset + c * p.dgamma_stride;
     if (G_OUT == WRITE) { dgamma[og] = sg; }

@@ -81,8 +81,11 @@ pub static LAYERNORM_BACKWARD_SUM: KernelDesc = KernelDesc {
 };
 
 /// Lanes per workgroup (`RED_WG`): one row (forward) or chunk of rows (backward) per
-/// workgroup, or 256 columns in stage 2.
+/// workgroup.
 pub const WORKGROUP: u64 = 256;
+/// Columns a stage-2 workgroup sums (`SUM_COLS` in the shader; its 256 lanes are 16 columns x
+/// 16 groups of chunks).
+pub const SUM_COLUMNS: u64 = 16;
 
 /// How stage 2 writes one parameter gradient (`G_OUT`, `B_OUT` in the shader).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -21,13 +21,14 @@ const OP: &str = "layer_norm";
 
 /// The backward gives each chunk at least this many rows (one workgroup per chunk, its rows
 /// one after another: few rows a chunk keep its latency short).
-const MIN_CHUNK_ROWS: usize = 4;
-/// At most this many chunks: bounds the (2, n_chunks, C) scratch and stage 2's loop (one lane
-/// a column sums them all, so more chunks make stage 2 longer). Measured on an H200 with
-/// `WGRAD_LN_CHUNKS` (DistilGPT-2 --amp, both stages for 13 LayerNorms, 2026-11-24): at 8 x
-/// 512 (4096 rows) 256 chunks of 8 rows 0.94 ms, 512 of 4 0.80, 1024 of 4 0.95, 2048 of 2
-/// 1.58; at 4 x 128 (512 rows) 0.52, 0.41, 0.41, 0.41.
-const MAX_CHUNKS: usize = 512;
+const MIN_CHUNK_ROWS: usize = 2;
+/// At most this many chunks: bounds the (2, n_chunks, C) scratch and stage 2's loops (16 lanes
+/// a column, so more chunks make stage 2 longer). Measured on an H200 with `WGRAD_LN_CHUNKS`
+/// (DistilGPT-2 --amp, both stages for 13 LayerNorms, 2026-11-24, stage 2 over 16 lanes a
+/// column): at 8 x 512 (4096 rows) 512 chunks of 4 rows 0.60 ms, 1024 of 4 0.51, 1024 of 2
+/// 0.51, 2048 of 2 0.61, 4096 of 1 0.92; at 4 x 128 (512 rows) 0.37, 0.37, 0.31, 0.32, 0.30.
+/// (With one lane a column in stage 2, 512 of 4 was best: 0.80 and 0.41 ms.)
+const MAX_CHUNKS: usize = 1024;
 
 /// (chunks, rows per chunk) of the backward over `rows` rows when it sums dgamma and dbeta.
 /// `WGRAD_LN_CHUNKS=MAX,MIN_ROWS` overrides the two constants (a measurement switch).
@@ -219,7 +220,7 @@ impl LayerNormBackward {
             &spec,
             &params,
             &[gt.storage(), bt.storage(), partial.storage()],
-            device.grid((cols as u64).div_ceil(layernorm::WORKGROUP)),
+            device.grid((cols as u64).div_ceil(layernorm::SUM_COLUMNS)),
         );
         Ok([g.map(|t| t.0), b.map(|t| t.0)])
     }
