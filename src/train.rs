@@ -48,7 +48,8 @@ impl Trainer {
     /// overflow). Returns the mean loss, still on the GPU. The first micro-batch's first
     /// `FIRST_SUBMIT_DISPATCHES` dispatches are submitted as soon as they are recorded, and each
     /// micro-batch's forward before its backward is recorded (a queue.submit each, one more
-    /// for the rest: 3 a step for one micro-batch).
+    /// for the rest: 3 a step for one micro-batch), where their pipelines have compiled (a
+    /// cold step submits once, at its end).
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
         if micro_batches.is_empty() {
             return Err(Error::InvalidArgument {
@@ -67,8 +68,10 @@ impl Trainer {
                 self.model.loss(x, y)?
             };
             // The forward goes to the GPU now, and runs while the backward is recorded and
-            // encoded (a step whose loss is read back would otherwise wait for all of it).
-            dev.flush();
+            // encoded (a step whose loss is read back would otherwise wait for all of it). In
+            // a cold step whose pipelines are still compiling, the backward is recorded first,
+            // so its variants compile beside the forward's.
+            dev.flush_if_compiled();
             {
                 let _span = tracing::info_span!("backward").entered();
                 let seed = self.opt.loss_seed(1.0 / n)?;

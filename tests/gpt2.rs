@@ -141,6 +141,47 @@ fn a_small_gpt2_learns_a_fixed_batch() -> Result<()> {
     Ok(())
 }
 
+/// Pipelines compile on worker threads: a cold step (every variant new) records on while they
+/// compile, waits for them where it flushes, and gives the same losses, bit for bit, as a
+/// device that compiles each variant where it is recorded; warm steps submit three times.
+#[test]
+fn a_cold_step_compiles_on_workers_with_the_same_result() -> Result<()> {
+    let run = |threads: usize| -> Result<(Vec<f32>, Vec<u64>, wgrad::kernels::PipelineStats)> {
+        let dev = Device::with_options(&wgrad::DeviceOptions {
+            compile_threads: Some(threads),
+            ..Default::default()
+        })?;
+        let (x, y) = batch(&dev, 2, 16, 97)?;
+        let model = Gpt2::new(&dev, config(2), 5)?;
+        let mut t = Trainer::new(
+            model,
+            AdamWConfig::default(),
+            1e-3,
+            LrSchedule::Constant { warmup: 0 },
+        )?;
+        let (mut losses, mut submits) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let c0 = dev.counters();
+            losses.push(t.step(&[(x.clone(), y.clone())])?.item()?);
+            submits.push((dev.counters() - c0).submits);
+        }
+        Ok((losses, submits, dev.pipeline_stats()))
+    };
+    let (inline, inline_submits, inline_stats) = run(0)?;
+    let (workers, submits, stats) = run(3)?;
+    assert_eq!(workers, inline, "losses of three steps");
+    assert_eq!(inline_stats.compile_threads, 0);
+    assert_eq!(stats.compile_threads, 3);
+    assert_eq!(stats.pipelines_compiled, inline_stats.pipelines_compiled);
+    assert!(stats.compile_ms > 0.0, "{stats:?}");
+    // Compiled where recorded, every step submits early; with workers a cold step's early
+    // submits wait for no compile (1 to 3 submits, as the compiles finish), warm ones are 3.
+    assert_eq!(inline_submits, [3, 3, 3]);
+    assert!((1..=3).contains(&submits[0]), "{submits:?}");
+    assert_eq!(submits[1..], [3, 3]);
+    Ok(())
+}
+
 /// A training step submits three times: its first dispatches as soon as they are recorded (the
 /// GPU starts on them while the CPU records the rest of the forward), the rest of the forward
 /// before the backward is recorded, and the rest; the loss is the same as one submit gives.

@@ -52,6 +52,12 @@ struct Report {
     /// Mixed precision (--amp).
     amp: bool,
     step0_ms: f64,
+    /// Step 0's pipelines: how many compiled, their compile time summed over the worker
+    /// threads, and how long the step's flushes waited for them.
+    step0_pipelines_compiled: u64,
+    step0_compile_ms: f64,
+    step0_compile_wait_ms: f64,
+    compile_threads: usize,
     median_ms: f64,
     min_ms: f64,
     max_ms: f64,
@@ -118,13 +124,23 @@ pub fn run(args: &Args) -> Result<()> {
     let mut created = 0u64;
     let mut dispatches = 0u64;
     let mut losses = Vec::new();
+    let mut step0 = (0, 0.0, 0.0);
     for i in 0..args.warmup.max(1) + args.steps {
         let c0 = dev.counters();
+        let p0 = dev.pipeline_stats();
         let b0 = dev.pool_stats().buffers_created;
         let t = Instant::now();
         let loss = trainer.step(std::slice::from_ref(&batch))?;
         losses.push(loss.item()?); // synchronizes
         let ms = t.elapsed().as_secs_f64() * 1e3;
+        if i == 0 {
+            let p = dev.pipeline_stats();
+            step0 = (
+                p.pipelines_compiled - p0.pipelines_compiled,
+                p.compile_ms - p0.compile_ms,
+                (dev.counters() - c0).compile_wait_ns as f64 * 1e-6,
+            );
+        }
         if i >= args.warmup.max(1) {
             let c = dev.counters() - c0;
             submits += c.submits;
@@ -147,6 +163,10 @@ pub fn run(args: &Args) -> Result<()> {
         params,
         amp: args.amp,
         step0_ms: times[0],
+        step0_pipelines_compiled: step0.0,
+        step0_compile_ms: step0.1,
+        step0_compile_wait_ms: step0.2,
+        compile_threads: dev.pipeline_stats().compile_threads,
         median_ms: median,
         min_ms: sorted.first().copied().unwrap_or(0.0),
         max_ms: sorted.last().copied().unwrap_or(0.0),
@@ -175,7 +195,14 @@ pub fn run(args: &Args) -> Result<()> {
             report.seq,
             if report.amp { "mixed precision" } else { "f32" }
         );
-        println!("step 0 (cold)        {:>10.2} ms", report.step0_ms);
+        println!(
+            "step 0 (cold)        {:>10.2} ms  ({} pipelines compiled: {:.0} ms of compiling on {} threads, waited {:.0} ms)",
+            report.step0_ms,
+            report.step0_pipelines_compiled,
+            report.step0_compile_ms,
+            report.compile_threads,
+            report.step0_compile_wait_ms
+        );
         println!(
             "step median          {:>10.2} ms  (min {:.2}, max {:.2}, {} steps after {} warm-up)",
             report.median_ms,

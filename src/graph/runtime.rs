@@ -137,6 +137,7 @@ impl Device {
             pipelines: PipelineCache::new(
                 gpu.has(wgpu::Features::SUBGROUP),
                 gpu.limits.max_compute_workgroups_per_dimension,
+                options.compile_threads,
             ),
             segment: Segment::default(),
             // 64 KiB: room for 256 dispatches before the first growth.
@@ -202,7 +203,7 @@ impl Device {
     }
 
     pub fn pipeline_stats(&self) -> PipelineStats {
-        self.state().pipelines.stats
+        self.state().pipelines.stats()
     }
 
     pub fn bind_groups_cached(&self) -> usize {
@@ -321,7 +322,8 @@ impl Device {
     /// Submits the open Segment once it holds `dispatches` dispatches (once; later work goes
     /// on into the next Segment as usual). A training step arms it before its forward, so the
     /// GPU starts on the first layers while the CPU records and encodes the rest instead of
-    /// waiting for the whole forward.
+    /// waiting for the whole forward. Where a pipeline of the Segment is still compiling at
+    /// that count, the bound is dropped without a submit (`flush_if_compiled`).
     pub fn submit_early(&self, dispatches: usize) {
         self.state().early_flush = Some(dispatches.max(1));
     }
@@ -342,10 +344,23 @@ impl Device {
         s.bind_groups.forget(&ids);
     }
 
-    /// Encodes and submits everything recorded so far (nothing if the Segment is empty).
+    /// Encodes and submits everything recorded so far (nothing if the Segment is empty),
+    /// after waiting for any of its pipelines still compiling.
     pub fn flush(&self) {
         let mut s = self.state();
         self.flush_locked(&mut s);
+    }
+
+    /// Flushes unless a pipeline the open Segment uses is still compiling; then the Segment
+    /// stays open and goes with a later flush. For submits that only let the GPU start
+    /// sooner (a training step's forward before its backward is recorded): in a cold step,
+    /// recording on queues the next variants' compiles beside the running ones, where waiting
+    /// here would compile the step in as many rounds as it has such submits.
+    pub fn flush_if_compiled(&self) {
+        let mut s = self.state();
+        if s.segment.pipelines_ready() {
+            self.flush_locked(&mut s);
+        }
     }
 
     /// Flushes and waits until the GPU has finished all submitted work.
@@ -370,6 +385,9 @@ impl Device {
         }
         // An early submit is for the Segment that was open when it was armed.
         s.early_flush = None;
+        let wait_start = std::time::Instant::now();
+        s.segment.wait_for_pipelines();
+        s.counters.compile_wait_ns += wait_start.elapsed().as_nanos() as u64;
         let start = std::time::Instant::now();
         let gpu = &self.rt.gpu;
         let segment = std::mem::take(&mut s.segment);
@@ -472,9 +490,14 @@ impl Device {
             Phase::Backward => s.counters.backward_dispatches += 1,
             Phase::Optimizer => s.counters.optimizer_dispatches += 1,
         }
-        let early = s.early_flush.is_some_and(|n| s.segment.dispatches >= n);
-        if early || s.segment.dispatches >= s.flush_bound {
+        if s.segment.dispatches >= s.flush_bound {
             self.flush_locked(&mut s);
+        } else if s.early_flush.is_some_and(|n| s.segment.dispatches >= n) {
+            // A cold Segment goes on recording instead (see `flush_if_compiled`).
+            if s.segment.pipelines_ready() {
+                self.flush_locked(&mut s);
+            }
+            s.early_flush = None;
         }
     }
 

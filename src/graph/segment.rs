@@ -59,6 +59,27 @@ pub struct Segment {
 }
 
 impl Segment {
+    fn pipelines(&self) -> impl Iterator<Item = &Pipeline> {
+        self.commands.iter().filter_map(|c| match c {
+            Command::Dispatch(d) => Some(&*d.pipeline),
+            _ => None,
+        })
+    }
+
+    /// Whether every pipeline the Segment dispatches has compiled.
+    pub fn pipelines_ready(&self) -> bool {
+        self.pipelines().all(Pipeline::is_compiled)
+    }
+
+    /// Waits until every pipeline the Segment dispatches has compiled.
+    pub fn wait_for_pipelines(&self) {
+        for p in self.pipelines() {
+            p.compute();
+        }
+    }
+}
+
+impl Segment {
     pub fn is_empty(&self) -> bool {
         self.commands.is_empty()
     }
@@ -84,6 +105,8 @@ pub struct Counters {
     pub encode_submit_ns: u64,
     /// Nanoseconds spent blocked on the GPU (read-backs, `sync`).
     pub wait_ns: u64,
+    /// Nanoseconds flushes waited for pipelines still compiling (cold steps only).
+    pub compile_wait_ns: u64,
 }
 
 impl std::ops::Sub for Counters {
@@ -103,6 +126,7 @@ impl std::ops::Sub for Counters {
             bytes_read_back: self.bytes_read_back - o.bytes_read_back,
             encode_submit_ns: self.encode_submit_ns - o.encode_submit_ns,
             wait_ns: self.wait_ns - o.wait_ns,
+            compile_wait_ns: self.compile_wait_ns - o.compile_wait_ns,
         }
     }
 }
@@ -195,7 +219,7 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
                         t.max_binding,
                     );
                     if !std::ptr::eq(last_pipeline, Arc::as_ptr(&d.pipeline)) {
-                        pass.set_pipeline(&d.pipeline.pipeline);
+                        pass.set_pipeline(d.pipeline.compute());
                         last_pipeline = Arc::as_ptr(&d.pipeline);
                     }
                     pass.set_bind_group(0, bg, &[d.params_offset]);

@@ -9,12 +9,14 @@
 //! A specialization (`Spec`) is a set of WGSL constants and type aliases prepended to the family
 //! source (`const OP: u32 = 3u;`, `alias V = vec4<f32>;`), so every variant is an ordinary
 //! module that naga validates and translates on its own. Pipelines are cached by
-//! (kernel, specialization) and can all be compiled ahead with `PipelineCache::warmup`.
+//! (kernel, specialization), compiled on worker threads from the moment they are first recorded
+//! (`compile`), and can all be compiled ahead with `PipelineCache::warmup`.
 
 pub mod adamw;
 pub mod attention;
 pub mod attention_coop;
 pub mod cast;
+mod compile;
 pub mod cross_entropy;
 mod dtype;
 pub mod elementwise;
@@ -34,7 +36,7 @@ pub use dtype::DType;
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
@@ -208,9 +210,10 @@ pub struct BindLayout {
     pub storage: &'static [Access],
 }
 
-/// A compiled kernel variant.
+/// A kernel variant: its layout and labels at once, its compiled pipeline once a worker has
+/// made it (`compute` waits for it).
 pub struct Pipeline {
-    pub pipeline: wgpu::ComputePipeline,
+    compiled: OnceLock<std::result::Result<wgpu::ComputePipeline, String>>,
     pub layout: Arc<BindLayout>,
     pub label: &'static str,
     /// The specialization (`Spec::describe`): which variant of the kernel, for profiles.
@@ -219,11 +222,35 @@ pub struct Pipeline {
     pub max_groups: u32,
 }
 
+impl Pipeline {
+    /// The compiled pipeline, waiting for its worker if it is still compiling.
+    pub fn compute(&self) -> &wgpu::ComputePipeline {
+        match self.compiled.wait() {
+            Ok(p) => p,
+            // The sources are the engine's own: a variant that does not compile is a bug in
+            // it, reported where the pipeline is first needed.
+            Err(e) => panic!(
+                "kernel {} ({}) did not compile: {e}",
+                self.label, self.variant
+            ),
+        }
+    }
+
+    /// Whether `compute` returns without waiting.
+    pub fn is_compiled(&self) -> bool {
+        self.compiled.get().is_some()
+    }
+}
+
 /// Counters of the pipeline cache.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct PipelineStats {
+    /// Variants asked for the first time (each compiled once).
     pub pipelines_compiled: u64,
+    /// Milliseconds of compiling, summed over the workers (several run at once).
     pub compile_ms: f64,
+    /// Worker threads (0: each variant compiled where it was first recorded).
+    pub compile_threads: usize,
 }
 
 pub struct PipelineCache {
@@ -235,11 +262,13 @@ pub struct PipelineCache {
     pipelines: HashMap<usize, HashMap<Spec, Arc<Pipeline>>>,
     layouts: HashMap<(&'static [Access], u64), Arc<BindLayout>>,
     next_layout_id: u64,
-    pub stats: PipelineStats,
+    compiler: compile::Compiler,
+    pipelines_compiled: u64,
 }
 
 impl PipelineCache {
-    pub fn new(subgroups: bool, max_groups: u32) -> PipelineCache {
+    /// `compile_threads`: see `DeviceOptions::compile_threads`.
+    pub fn new(subgroups: bool, max_groups: u32, compile_threads: Option<usize>) -> PipelineCache {
         PipelineCache {
             subgroups,
             checked: std::env::var("WGRAD_SHADER_CHECKS").is_ok_and(|v| v == "1"),
@@ -247,7 +276,16 @@ impl PipelineCache {
             pipelines: HashMap::new(),
             layouts: HashMap::new(),
             next_layout_id: 1,
-            stats: PipelineStats::default(),
+            compiler: compile::Compiler::with_threads(compile_threads),
+            pipelines_compiled: 0,
+        }
+    }
+
+    pub fn stats(&self) -> PipelineStats {
+        PipelineStats {
+            pipelines_compiled: self.pipelines_compiled,
+            compile_ms: self.compiler.busy_ms(),
+            compile_threads: self.compiler.threads(),
         }
     }
 
@@ -255,7 +293,8 @@ impl PipelineCache {
         self.subgroups
     }
 
-    /// The pipeline of `kernel` specialized by `spec`, compiled on first use.
+    /// The pipeline of `kernel` specialized by `spec`; the first call queues its compile on a
+    /// worker and returns at once (`Pipeline::compute` waits for it).
     pub fn get(
         &mut self,
         device: &wgpu::Device,
@@ -265,45 +304,32 @@ impl PipelineCache {
         if let Some(p) = self.pipelines.get(&kernel.key()).and_then(|m| m.get(spec)) {
             return p.clone();
         }
-        let start = std::time::Instant::now();
-        let layout = self.layout(device, kernel);
-        let source = compose_source(kernel.family, spec, self.subgroups);
-        let label = kernel.name;
-        let desc = wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        };
-        let module = if self.checked {
-            device.create_shader_module(desc)
-        } else {
-            // SAFETY: every kernel bounds-checks its own indices against its params (element
-            // counts, shapes, tile edges; tested at odd sizes with poisoned outputs), so naga's
-            // per-access clamping is redundant work in the inner loops.
-            unsafe {
-                device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-            }
-        };
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(label),
-            layout: Some(&layout.pipeline_layout),
-            module: &module,
-            entry_point: Some(kernel.name),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &[],
-                // Every kernel writes its workgroup memory before reading it.
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
-        self.stats.pipelines_compiled += 1;
-        self.stats.compile_ms += start.elapsed().as_secs_f64() * 1e3;
         let p = Arc::new(Pipeline {
-            pipeline,
-            layout,
-            label,
+            compiled: OnceLock::new(),
+            layout: self.layout(device, kernel),
+            label: kernel.name,
             variant: spec.describe().into(),
             max_groups: self.max_groups,
         });
+        let job = {
+            let (p, device, spec) = (p.clone(), device.clone(), spec.clone());
+            let (subgroups, checked) = (self.subgroups, self.checked);
+            move || {
+                let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    compile(&device, kernel, &spec, &p.layout, subgroups, checked)
+                }));
+                let made = made.map_err(|e| {
+                    e.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "the compile panicked".into())
+                });
+                // Set once: this job is the variant's only compile.
+                let _ = p.compiled.set(made);
+            }
+        };
+        self.compiler.run(job);
+        self.pipelines_compiled += 1;
         self.pipelines
             .entry(kernel.key())
             .or_default()
@@ -366,10 +392,50 @@ impl PipelineCache {
     /// variants (tile, types, operand access, epilogue) number over a thousand, and a step
     /// compiles the few it uses on first use.
     pub fn warmup(&mut self, device: &wgpu::Device, f16: bool) {
-        for (kernel, spec) in all_variants(f16) {
-            self.get(device, kernel, &spec);
+        let queued: Vec<_> = all_variants(f16)
+            .into_iter()
+            .map(|(kernel, spec)| self.get(device, kernel, &spec))
+            .collect();
+        for p in queued {
+            p.compute();
         }
     }
+}
+
+/// Makes one variant's pipeline: the composed WGSL through naga, then the driver.
+fn compile(
+    device: &wgpu::Device,
+    kernel: &'static KernelDesc,
+    spec: &Spec,
+    layout: &BindLayout,
+    subgroups: bool,
+    checked: bool,
+) -> wgpu::ComputePipeline {
+    let source = compose_source(kernel.family, spec, subgroups);
+    let desc = wgpu::ShaderModuleDescriptor {
+        label: Some(kernel.name),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    };
+    let module = if checked {
+        device.create_shader_module(desc)
+    } else {
+        // SAFETY: every kernel bounds-checks its own indices against its params (element
+        // counts, shapes, tile edges; tested at odd sizes with poisoned outputs), so naga's
+        // per-access clamping is redundant work in the inner loops.
+        unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+    };
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(kernel.name),
+        layout: Some(&layout.pipeline_layout),
+        module: &module,
+        entry_point: Some(kernel.name),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants: &[],
+            // Every kernel writes its workgroup memory before reading it.
+            zero_initialize_workgroup_memory: false,
+        },
+        cache: None,
+    })
 }
 
 /// Every (kernel, specialization) the engine dispatches but the cooperative-matrix matmuls

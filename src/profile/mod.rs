@@ -26,6 +26,8 @@ pub struct StepRecord {
     pub pool_before: PoolStats,
     pub pool_after: PoolStats,
     pub pipelines_compiled: u64,
+    /// Milliseconds of compiling finished during the step, summed over the compile workers.
+    pub compile_ms: f64,
     pub gpu: Vec<GpuInterval>,
     pub cpu: Vec<CpuSpan>,
     /// When the step started, on the span collector's clock (us).
@@ -64,7 +66,7 @@ impl Profiler {
         let _ = self.collector.take();
         let c0 = dev.counters();
         let pool_before = dev.pool_stats();
-        let pipes0 = dev.pipeline_stats().pipelines_compiled;
+        let pipes0 = dev.pipeline_stats();
         let start_us = self.collector.now_us();
         let t = Instant::now();
         let out = f()?;
@@ -75,7 +77,8 @@ impl Profiler {
             counters: dev.counters() - c0,
             pool_before,
             pool_after: dev.pool_stats(),
-            pipelines_compiled: dev.pipeline_stats().pipelines_compiled - pipes0,
+            pipelines_compiled: dev.pipeline_stats().pipelines_compiled - pipes0.pipelines_compiled,
+            compile_ms: dev.pipeline_stats().compile_ms - pipes0.compile_ms,
             gpu: dev.take_gpu_intervals()?,
             cpu: self.collector.take(),
             start_us,

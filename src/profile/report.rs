@@ -61,6 +61,10 @@ pub struct ProfileReport {
     pub step_ms: StepStats,
     pub step0_ms: f64,
     pub step0_pipelines_compiled: u64,
+    /// Step 0's compiling, summed over the compile workers (several run at once), and how
+    /// long its flushes waited for it.
+    pub step0_compile_ms: f64,
+    pub step0_compile_wait_ms: f64,
     pub submits_per_step: f64,
     pub dispatches_per_step: f64,
     pub forward_dispatches_per_step: f64,
@@ -203,6 +207,10 @@ pub(super) fn build(
         step_ms,
         step0_ms: first.map(|s| s.wall_ms).unwrap_or(0.0),
         step0_pipelines_compiled: first.map(|s| s.pipelines_compiled).unwrap_or(0),
+        step0_compile_ms: first.map(|s| s.compile_ms).unwrap_or(0.0),
+        step0_compile_wait_ms: first
+            .map(|s| s.counters.compile_wait_ns as f64 * 1e-6)
+            .unwrap_or(0.0),
         submits_per_step: per(&|s| s.counters.submits as f64),
         dispatches_per_step: per(&|s| s.counters.dispatches as f64),
         forward_dispatches_per_step: per(&|s| s.counters.forward_dispatches as f64),
@@ -243,13 +251,15 @@ impl ProfileReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "wall time per step: min {:.2} ms, median {:.2} ms, max {:.2} ms over {} steady steps; step 0 (cold) {:.1} ms, {} pipelines compiled",
+            "wall time per step: min {:.2} ms, median {:.2} ms, max {:.2} ms over {} steady steps; step 0 (cold) {:.1} ms, {} pipelines compiled ({:.0} ms of compiling, flushes waited {:.0} ms)",
             self.step_ms.min,
             self.step_ms.median,
             self.step_ms.max,
             self.steps.saturating_sub(self.warmup.max(1)),
             self.step0_ms,
-            self.step0_pipelines_compiled
+            self.step0_pipelines_compiled,
+            self.step0_compile_ms,
+            self.step0_compile_wait_ms
         );
         let _ = writeln!(
             s,
