@@ -225,6 +225,9 @@ fn disabled_from_env() -> wgpu::Features {
                     | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
                     | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             }
+            // Timestamps around passes only: `wgrad profile` then times each submit's pass,
+            // which costs nothing between dispatches (see PROFILING.md).
+            "timestamps_inside_passes" => wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
             "immediates" => wgpu::Features::IMMEDIATES,
             "cooperative_matrix" => wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
             _ => wgpu::Features::empty(),

@@ -13,7 +13,15 @@ use crate::optim::{AdamW, AdamWConfig, LossScaleConfig, LrSchedule};
 /// rest of the forward (a forward dispatch costs the CPU about 8 us and an H200 25-250 us at
 /// DistilGPT-2's 4x128 to 8x512), so the GPU starts within a few hundred microseconds of the
 /// step instead of after the whole forward is recorded.
+/// `WGRAD_FIRST_SUBMIT=N` sets it, for measuring.
 const FIRST_SUBMIT_DISPATCHES: usize = 16;
+
+fn first_submit_dispatches() -> usize {
+    std::env::var("WGRAD_FIRST_SUBMIT")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(FIRST_SUBMIT_DISPATCHES)
+}
 
 pub struct Trainer {
     pub model: Gpt2,
@@ -23,6 +31,8 @@ pub struct Trainer {
     pub lr: f32,
     /// Optimizer steps taken.
     pub step: usize,
+    /// Dispatches of a step's first submit (`FIRST_SUBMIT_DISPATCHES`).
+    first_submit: usize,
 }
 
 impl Trainer {
@@ -39,6 +49,7 @@ impl Trainer {
             schedule,
             lr,
             step: 0,
+            first_submit: first_submit_dispatches(),
         })
     }
 
@@ -60,7 +71,7 @@ impl Trainer {
         let dev = self.model.params.device().clone();
         let n = micro_batches.len() as f32;
         let mut total: Option<Tensor> = None;
-        dev.submit_early(FIRST_SUBMIT_DISPATCHES);
+        dev.submit_early(self.first_submit);
         for (x, y) in micro_batches {
             dev.set_phase(Phase::Forward);
             let loss = {

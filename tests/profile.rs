@@ -88,6 +88,9 @@ fn profile_of_a_training_step() -> Result<()> {
     for key in [
         "step_ms",
         "step0_ms",
+        "step0_compile_ms",
+        "step0_compile_wait_ms",
+        "gpu_idle_between_ms",
         "submits_per_step",
         "dispatches_per_step",
         "buffers_created_per_step",

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::StepRecord;
-use crate::graph::TimingMode;
+use crate::graph::{GpuInterval, TimingMode};
 
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct StepStats {
@@ -81,6 +81,10 @@ pub struct ProfileReport {
     pub gpu_busy_ms: f64,
     /// gpu_busy_ms / median step time.
     pub gpu_busy_share: f64,
+    /// Median over the steady steps of the time between one timed interval's end and the
+    /// next's start. Timed per pass (`WGRAD_DISABLE_FEATURES=timestamps_inside_passes`), the
+    /// GPU waiting for the CPU's next submit; per dispatch, also the gaps between dispatches.
+    pub gpu_idle_between_ms: f64,
     pub timing: Option<TimingMode>,
     pub kernels: Vec<KernelRow>,
     /// Per kernel, variant and grid, the most time first.
@@ -97,6 +101,19 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+/// Milliseconds between consecutive timed intervals (in start order) where none runs.
+fn idle_between_ms(intervals: &[GpuInterval]) -> f64 {
+    let mut spans: Vec<(f64, f64)> = intervals.iter().map(|i| (i.start_ns, i.end_ns)).collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut idle = 0.0;
+    let mut end = spans.first().map_or(0.0, |s| s.1);
+    for (s, e) in spans.into_iter().skip(1) {
+        idle += (s - end).max(0.0);
+        end = end.max(e);
+    }
+    idle * 1e-6
 }
 
 pub(super) fn build(
@@ -135,6 +152,7 @@ pub(super) fn build(
         }
     }
     let busy: f64 = kernels.values().map(|(_, ms)| ms).sum::<f64>() / n;
+    let idle_between = median(steady.iter().map(|s| idle_between_ms(&s.gpu)).collect());
     // (count, total ms, avg us, share) per step.
     let per_step = |count: f64, ms: f64| {
         (
@@ -237,6 +255,7 @@ pub(super) fn build(
         } else {
             0.0
         },
+        gpu_idle_between_ms: idle_between,
         timing,
         kernels: rows,
         dispatches,
@@ -263,14 +282,20 @@ impl ProfileReport {
         );
         let _ = writeln!(
             s,
-            "GPU busy {:.2} ms per step = {:.0}% of the median wall time",
+            "GPU busy {:.2} ms per step = {:.0}% of the median wall time; idle between timed {} {:.3} ms (median)",
             self.gpu_busy_ms,
-            self.gpu_busy_share * 100.0
+            self.gpu_busy_share * 100.0,
+            if self.timing == Some(TimingMode::PerPass) {
+                "passes"
+            } else {
+                "dispatches"
+            },
+            self.gpu_idle_between_ms
         );
         match self.timing {
             Some(TimingMode::PerDispatch) => {}
             Some(TimingMode::PerPass) => s.push_str(
-                "note: this adapter cannot time inside compute passes; GPU time is per pass\n",
+                "note: GPU time is per pass (the adapter cannot time inside passes, or\n      WGRAD_DISABLE_FEATURES=timestamps_inside_passes): idle between passes is the GPU\n      waiting for the next submit\n",
             ),
             None => s.push_str("note: this adapter has no timestamp queries; no GPU times\n"),
         }
@@ -363,5 +388,34 @@ impl ProfileReport {
             let _ = writeln!(s, "  {k:<22} {v}");
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start_us: f64, end_us: f64) -> GpuInterval {
+        GpuInterval {
+            label: "compute pass",
+            variant: "".into(),
+            groups: [0; 3],
+            start_ns: start_us * 1e3,
+            end_ns: end_us * 1e3,
+        }
+    }
+
+    #[test]
+    fn idle_between_counts_only_time_no_interval_covers() {
+        // Out of order, one interval inside another, gaps of 30 and 50 us.
+        let spans = [
+            at(200.0, 260.0),
+            at(0.0, 100.0),
+            at(20.0, 70.0),
+            at(130.0, 150.0),
+        ];
+        assert!((idle_between_ms(&spans) - 0.080).abs() < 1e-12);
+        assert_eq!(idle_between_ms(&[]), 0.0);
+        assert_eq!(idle_between_ms(&[at(5.0, 9.0)]), 0.0);
     }
 }
