@@ -36,8 +36,8 @@ pub struct DeviceOptions {
     /// else the adapter's own): tensors and parameter chunks are held to it as on an adapter
     /// whose limit it is.
     pub max_storage_binding: Option<u64>,
-    /// Threads that compile pipelines (`None`: `WGRAD_COMPILE_THREADS`, else one per core up
-    /// to 16; `Some(0)`: each compiled where it is first recorded).
+    /// Threads that compile pipelines (`None`: `WGRAD_COMPILE_THREADS`, else one per core;
+    /// at most 16; `Some(0)`: each compiled where it is first recorded).
     pub compile_threads: Option<usize>,
 }
 

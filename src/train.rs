@@ -60,7 +60,7 @@ impl Trainer {
     /// `FIRST_SUBMIT_DISPATCHES` dispatches are submitted as soon as they are recorded, and each
     /// micro-batch's forward before its backward is recorded (a queue.submit each, one more
     /// for the rest: 3 a step for one micro-batch), where their pipelines have compiled (a
-    /// cold step submits once, at its end).
+    /// cold step skips those of its early submits that would wait for a compile).
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
         if micro_batches.is_empty() {
             return Err(Error::InvalidArgument {

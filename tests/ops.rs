@@ -1930,7 +1930,7 @@ fn an_early_submit_fires_once_and_keeps_results() {
     let d = private_dev();
     let a = Arr::rand(&mut rng("early submit"), &[257], -1.0, 1.0);
     let x = a.upload(&d);
-    // Compiled first: an early submit waits for no pipeline (see the next test).
+    // Compiled first: an early submit waits for no compile (src/graph/runtime.rs's tests).
     x.add_scalar(0.0).unwrap();
     d.sync().unwrap();
     let before = d.counters();

@@ -1,6 +1,6 @@
 //! The pipeline cache's compile workers: a variant is queued where it is first asked for and
 //! waited for where it is needed; a variant that does not compile is reported there, naming
-//! the kernel, and the workers go on compiling the next ones.
+//! the kernel, and the variants queued around it compile.
 
 mod common;
 
@@ -84,7 +84,7 @@ fn variants_compile_on_workers_and_a_broken_one_names_its_kernel() {
         "{msg}"
     );
 
-    // The workers outlive the failure: variants asked for after it compile.
+    // Variants queued around the failure compile.
     let later = cache.get(device, &FILL, &fill_spec("const VALUE: f32 = 4.0;"));
     later.compute();
     for p in &first {

@@ -385,9 +385,16 @@ impl Device {
         }
         // An early submit is for the Segment that was open when it was armed.
         s.early_flush = None;
-        let wait_start = std::time::Instant::now();
-        s.segment.wait_for_pipelines();
-        s.counters.compile_wait_ns += wait_start.elapsed().as_nanos() as u64;
+        if !s.segment.compiling.is_empty() {
+            let wait_start = std::time::Instant::now();
+            if let Err(e) = s.segment.wait_for_pipelines() {
+                // The Segment cannot be encoded: drop it, so that later flushes (a profiler's
+                // on unwinding, say) do not meet the same kernel again.
+                s.segment = Segment::default();
+                panic!("{e}");
+            }
+            s.counters.compile_wait_ns += wait_start.elapsed().as_nanos() as u64;
+        }
         let start = std::time::Instant::now();
         let gpu = &self.rt.gpu;
         let segment = std::mem::take(&mut s.segment);
@@ -428,6 +435,7 @@ impl Device {
         segment.commands.clear();
         segment.params.clear();
         segment.uploads.clear();
+        segment.compiling.clear();
         segment.dispatches = 0;
         st.segment = segment;
         Some(idx)
@@ -475,6 +483,9 @@ impl Device {
         }
         let mut s = self.state();
         let pipeline = s.pipelines.get(&self.rt.gpu.device, kernel, spec);
+        if !pipeline.is_compiled() {
+            s.segment.compiling.push(pipeline.clone());
+        }
         let align = s.params_align;
         let params_offset = s.segment.params.push(bytemuck::bytes_of(params), align) as u32;
         s.segment.commands.push(Command::Dispatch(Dispatch {
@@ -490,13 +501,11 @@ impl Device {
             Phase::Backward => s.counters.backward_dispatches += 1,
             Phase::Optimizer => s.counters.optimizer_dispatches += 1,
         }
-        if s.segment.dispatches >= s.flush_bound {
+        let early = s.early_flush.is_some_and(|n| s.segment.dispatches >= n);
+        if s.segment.dispatches >= s.flush_bound || (early && s.segment.pipelines_ready()) {
             self.flush_locked(&mut s);
-        } else if s.early_flush.is_some_and(|n| s.segment.dispatches >= n) {
+        } else if early {
             // A cold Segment goes on recording instead (see `flush_if_compiled`).
-            if s.segment.pipelines_ready() {
-                self.flush_locked(&mut s);
-            }
             s.early_flush = None;
         }
     }
@@ -600,5 +609,85 @@ impl Device {
         s.counters.wait_ns += wait_start.elapsed().as_nanos() as u64;
         s.read_back_pool.release(staging);
         Ok(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Tensor;
+
+    /// A device whose one compile worker is held until the returned sender sends (or drops).
+    fn held_device() -> (Device, std::sync::mpsc::Sender<()>) {
+        let dev = Device::with_options(&DeviceOptions {
+            compile_threads: Some(1),
+            ..Default::default()
+        })
+        .expect("a device (lavapipe without a GPU)");
+        let (release, held) = std::sync::mpsc::channel::<()>();
+        dev.state().pipelines.run_on_workers(move || {
+            let _ = held.recv();
+        });
+        (dev, release)
+    }
+
+    #[test]
+    fn an_early_submit_waits_for_no_compile() {
+        let (dev, release) = held_device();
+        let x = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0], &[3]).expect("an upload");
+        let c0 = dev.counters();
+        dev.submit_early(2);
+        let mut y = x.clone();
+        for _ in 0..4 {
+            y = y.add_scalar(0.5).expect("recorded");
+        }
+        dev.flush_if_compiled();
+        assert_eq!((dev.counters() - c0).submits, 0, "nothing compiled yet");
+        release.send(()).expect("the worker waits");
+        assert_eq!(y.to_vec().expect("read back"), [3.0, 4.0, 5.0]);
+        let c = dev.counters() - c0;
+        assert_eq!(c.submits, 1, "{c:?}");
+        assert!(
+            c.compile_wait_ns > 0,
+            "the read-back waited for the compile: {c:?}"
+        );
+        // Compiled now: the same work submits early, and waits for nothing.
+        let c1 = dev.counters();
+        dev.submit_early(2);
+        for _ in 0..2 {
+            y = y.add_scalar(0.5).expect("recorded");
+        }
+        let c = dev.counters() - c1;
+        assert_eq!((c.submits, c.compile_wait_ns), (1, 0), "{c:?}");
+    }
+
+    #[test]
+    fn a_kernel_that_does_not_compile_is_reported_once() {
+        static BROKEN: crate::kernels::Family = crate::kernels::Family {
+            name: "test_broken",
+            source: "@group(0) @binding(0) var<uniform> p: vec4<u32>;\n\
+                     @compute @workgroup_size(1) fn test_broken() { let x = undeclared; }",
+            workgroup_reduce: false,
+        };
+        static KERNEL: KernelDesc = KernelDesc {
+            name: "test_broken",
+            family: &BROKEN,
+            storage: &[],
+            params_size: 16,
+        };
+        let (dev, release) = held_device();
+        drop(release);
+        dev.record(&KERNEL, &Spec::new(), &[0u32; 4], &[], [1, 1, 1]);
+        let flushed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dev.flush()));
+        let msg = flushed.expect_err("the flush reports it");
+        let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(
+            msg.contains("kernel test_broken") && msg.contains("did not compile"),
+            "{msg}"
+        );
+        // The Segment that held it is gone: the next flush has nothing to encode.
+        let c0 = dev.counters();
+        dev.flush();
+        assert_eq!((dev.counters() - c0).submits, 0);
     }
 }

@@ -56,32 +56,24 @@ pub struct Segment {
     pub params: HostArena,
     pub uploads: HostArena,
     pub dispatches: usize,
-}
-
-impl Segment {
-    fn pipelines(&self) -> impl Iterator<Item = &Pipeline> {
-        self.commands.iter().filter_map(|c| match c {
-            Command::Dispatch(d) => Some(&*d.pipeline),
-            _ => None,
-        })
-    }
-
-    /// Whether every pipeline the Segment dispatches has compiled.
-    pub fn pipelines_ready(&self) -> bool {
-        self.pipelines().all(Pipeline::is_compiled)
-    }
-
-    /// Waits until every pipeline the Segment dispatches has compiled.
-    pub fn wait_for_pipelines(&self) {
-        for p in self.pipelines() {
-            p.compute();
-        }
-    }
+    /// Pipelines of `commands` that were still compiling when recorded (cold steps only).
+    pub compiling: Vec<Arc<Pipeline>>,
 }
 
 impl Segment {
     pub fn is_empty(&self) -> bool {
         self.commands.is_empty()
+    }
+
+    /// Whether every pipeline the Segment dispatches has compiled.
+    pub fn pipelines_ready(&self) -> bool {
+        self.compiling.iter().all(|p| p.is_compiled())
+    }
+
+    /// Waits until every pipeline the Segment dispatches has compiled; the first that did not
+    /// compile, as `Pipeline::wait` words it.
+    pub fn wait_for_pipelines(&self) -> Result<(), String> {
+        self.compiling.iter().try_for_each(|p| p.wait().map(drop))
     }
 }
 

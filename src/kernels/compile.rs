@@ -27,8 +27,8 @@ pub struct Compiler {
 }
 
 impl Compiler {
-    /// `threads` workers if given, else as `WGRAD_COMPILE_THREADS` says, else one per core
-    /// up to `MAX_THREADS`.
+    /// `threads` workers if given, else as `WGRAD_COMPILE_THREADS` says, else one per core;
+    /// at most `MAX_THREADS`.
     pub fn with_threads(threads: Option<usize>) -> Compiler {
         let threads = threads
             .or_else(|| {
@@ -54,6 +54,7 @@ impl Compiler {
         }
     }
 
+    /// Workers (those started, once the first job has started them).
     pub fn threads(&self) -> usize {
         self.threads
     }
@@ -76,10 +77,15 @@ impl Compiler {
             return timed();
         }
         if self.sender.is_none() {
-            self.sender = start_workers(self.threads);
-            if self.sender.is_none() {
-                self.threads = 0;
-                return timed();
+            match start_workers(self.threads) {
+                Some((sender, started)) => {
+                    self.sender = Some(sender);
+                    self.threads = started;
+                }
+                None => {
+                    self.threads = 0;
+                    return timed();
+                }
             }
         }
         let sender = self.sender.as_ref().expect("workers started above");
@@ -92,9 +98,9 @@ impl Compiler {
     }
 }
 
-/// Starts `n` workers sharing one queue; they end when its sender is dropped. None when not
-/// even one thread could be started.
-fn start_workers(n: usize) -> Option<mpsc::Sender<Job>> {
+/// Starts `n` workers sharing one queue; they end when its sender is dropped. The sender and
+/// the workers started, None when not even one could be.
+fn start_workers(n: usize) -> Option<(mpsc::Sender<Job>, usize)> {
     let (tx, rx) = mpsc::channel::<Job>();
     let rx = Arc::new(Mutex::new(rx));
     let mut started = 0;
@@ -115,7 +121,7 @@ fn start_workers(n: usize) -> Option<mpsc::Sender<Job>> {
             Err(e) => tracing::warn!("compile worker {i} not started: {e}"),
         }
     }
-    (started > 0).then_some(tx)
+    (started > 0).then_some((tx, started))
 }
 
 #[cfg(test)]
@@ -145,9 +151,13 @@ mod tests {
         assert!(got.iter().all(|(_, n)| n
             .as_deref()
             .is_some_and(|n| n.starts_with("wgrad-compile-"))));
-        // Each job's time is added once it has returned; the last may still be adding.
-        std::thread::sleep(std::time::Duration::from_millis(20));
+        // Each job's time is added once it has returned: the last may still be adding.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while c.busy_ms() < 24.0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert!(c.busy_ms() >= 24.0, "{} ms", c.busy_ms());
+        assert_eq!(c.threads(), 3);
     }
 
     #[test]

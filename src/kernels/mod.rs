@@ -223,20 +223,24 @@ pub struct Pipeline {
 }
 
 impl Pipeline {
-    /// The compiled pipeline, waiting for its worker if it is still compiling.
-    pub fn compute(&self) -> &wgpu::ComputePipeline {
-        match self.compiled.wait() {
-            Ok(p) => p,
-            // The sources are the engine's own: a variant that does not compile is a bug in
-            // it, reported where the pipeline is first needed.
-            Err(e) => panic!(
+    /// The compiled pipeline, waiting for its worker if it is still compiling; what went wrong
+    /// if it did not compile.
+    pub fn wait(&self) -> std::result::Result<&wgpu::ComputePipeline, String> {
+        self.compiled.wait().as_ref().map_err(|e| {
+            format!(
                 "kernel {} ({}) did not compile: {e}",
                 self.label, self.variant
-            ),
-        }
+            )
+        })
     }
 
-    /// Whether `compute` returns without waiting.
+    /// `wait`, for a pipeline known to be compiled or needed now.
+    pub fn compute(&self) -> &wgpu::ComputePipeline {
+        // The sources are the engine's own: a variant that does not compile is a bug in it.
+        self.wait().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Whether `wait` returns without waiting.
     pub fn is_compiled(&self) -> bool {
         self.compiled.get().is_some()
     }
@@ -245,7 +249,7 @@ impl Pipeline {
 /// Counters of the pipeline cache.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct PipelineStats {
-    /// Variants asked for the first time (each compiled once).
+    /// Variants asked for so far: each is compiled once (some may still be compiling).
     pub pipelines_compiled: u64,
     /// Milliseconds of compiling, summed over the workers (several run at once).
     pub compile_ms: f64,
@@ -263,7 +267,6 @@ pub struct PipelineCache {
     layouts: HashMap<(&'static [Access], u64), Arc<BindLayout>>,
     next_layout_id: u64,
     compiler: compile::Compiler,
-    pipelines_compiled: u64,
 }
 
 impl PipelineCache {
@@ -277,13 +280,12 @@ impl PipelineCache {
             layouts: HashMap::new(),
             next_layout_id: 1,
             compiler: compile::Compiler::with_threads(compile_threads),
-            pipelines_compiled: 0,
         }
     }
 
     pub fn stats(&self) -> PipelineStats {
         PipelineStats {
-            pipelines_compiled: self.pipelines_compiled,
+            pipelines_compiled: self.pipelines.values().map(|m| m.len() as u64).sum(),
             compile_ms: self.compiler.busy_ms(),
             compile_threads: self.compiler.threads(),
         }
@@ -329,12 +331,18 @@ impl PipelineCache {
             }
         };
         self.compiler.run(job);
-        self.pipelines_compiled += 1;
         self.pipelines
             .entry(kernel.key())
             .or_default()
             .insert(spec.clone(), p.clone());
         p
+    }
+
+    /// Runs `job` on the compile workers, queued behind the compiles asked for so far (tests
+    /// hold the workers with it).
+    #[cfg(test)]
+    pub(crate) fn run_on_workers(&mut self, job: impl FnOnce() + Send + 'static) {
+        self.compiler.run(job);
     }
 
     fn layout(&mut self, device: &wgpu::Device, kernel: &KernelDesc) -> Arc<BindLayout> {

@@ -72,13 +72,14 @@ impl Profiler {
         let out = f()?;
         dev.sync()?;
         let wall_ms = t.elapsed().as_secs_f64() * 1e3;
+        let pipes = dev.pipeline_stats();
         self.steps.push(StepRecord {
             wall_ms,
             counters: dev.counters() - c0,
             pool_before,
             pool_after: dev.pool_stats(),
-            pipelines_compiled: dev.pipeline_stats().pipelines_compiled - pipes0.pipelines_compiled,
-            compile_ms: dev.pipeline_stats().compile_ms - pipes0.compile_ms,
+            pipelines_compiled: pipes.pipelines_compiled - pipes0.pipelines_compiled,
+            compile_ms: pipes.compile_ms - pipes0.compile_ms,
             gpu: dev.take_gpu_intervals()?,
             cpu: self.collector.take(),
             start_us,

@@ -81,9 +81,11 @@ pub struct ProfileReport {
     pub gpu_busy_ms: f64,
     /// gpu_busy_ms / median step time.
     pub gpu_busy_share: f64,
-    /// Median over the steady steps of the time between one timed interval's end and the
-    /// next's start. Timed per pass (`WGRAD_DISABLE_FEATURES=timestamps_inside_passes`), the
-    /// GPU waiting for the CPU's next submit; per dispatch, also the gaps between dispatches.
+    /// The gaps between timed intervals summed over a step (time no interval covers, between
+    /// the first's start and the last's end), median over the steady steps. Timed per pass
+    /// (`WGRAD_DISABLE_FEATURES=timestamps_inside_passes`), the GPU waiting for the CPU's
+    /// next submit, and the copies between the passes of one submit; per dispatch, also the
+    /// gaps between dispatches.
     pub gpu_idle_between_ms: f64,
     pub timing: Option<TimingMode>,
     pub kernels: Vec<KernelRow>,
@@ -282,15 +284,20 @@ impl ProfileReport {
         );
         let _ = writeln!(
             s,
-            "GPU busy {:.2} ms per step = {:.0}% of the median wall time; idle between timed {} {:.3} ms (median)",
+            "GPU busy {:.2} ms per step = {:.0}% of the median wall time{}",
             self.gpu_busy_ms,
             self.gpu_busy_share * 100.0,
-            if self.timing == Some(TimingMode::PerPass) {
-                "passes"
-            } else {
-                "dispatches"
-            },
-            self.gpu_idle_between_ms
+            match self.timing {
+                Some(TimingMode::PerPass) => format!(
+                    "; idle between timed passes {:.3} ms",
+                    self.gpu_idle_between_ms
+                ),
+                Some(TimingMode::PerDispatch) => format!(
+                    "; idle between timed dispatches {:.3} ms",
+                    self.gpu_idle_between_ms
+                ),
+                None => String::new(),
+            }
         );
         match self.timing {
             Some(TimingMode::PerDispatch) => {}
