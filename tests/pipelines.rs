@@ -7,31 +7,36 @@ mod common;
 use common::private_dev;
 use wgrad::kernels::{Access, Family, KernelDesc, PipelineCache, Spec};
 
+/// A kernel's WGSL: the params uniform and one read-write buffer, then `$entry`.
+macro_rules! kernel_source {
+    ($entry:literal) => {
+        concat!(
+            "struct Params { n: u32, _a: u32, _b: u32, _c: u32 }\n",
+            "@group(0) @binding(0) var<uniform> p: Params;\n",
+            "@group(0) @binding(1) var<storage, read_write> y: array<f32>;\n",
+            "@compute @workgroup_size(64)\n",
+            $entry
+        )
+    };
+}
+
 static GOOD: Family = Family {
     name: "test_good",
-    source: "
-struct Params { n: u32, _a: u32, _b: u32, _c: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@compute @workgroup_size(64)
-fn test_fill(@builtin(global_invocation_id) id: vec3<u32>) {
-    if id.x < p.n { y[id.x] = VALUE; }
-}
-",
+    source: kernel_source!(
+        "fn test_fill(@builtin(global_invocation_id) id: vec3<u32>) {
+            if id.x < p.n { y[id.x] = VALUE; }
+        }"
+    ),
     workgroup_reduce: false,
 };
 
 static BROKEN: Family = Family {
     name: "test_broken",
-    source: "
-struct Params { n: u32, _a: u32, _b: u32, _c: u32 }
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> y: array<f32>;
-@compute @workgroup_size(64)
-fn test_broken(@builtin(global_invocation_id) id: vec3<u32>) {
-    y[id.x] = not_declared_anywhere;
-}
-",
+    source: kernel_source!(
+        "fn test_broken(@builtin(global_invocation_id) id: vec3<u32>) {
+            y[id.x] = not_declared_anywhere;
+        }"
+    ),
     workgroup_reduce: false,
 };
 
