@@ -127,13 +127,13 @@ pub fn run(args: &Args) -> Result<()> {
     let mut step0 = (0, 0.0, 0.0);
     for i in 0..args.warmup.max(1) + args.steps {
         let c0 = dev.counters();
-        let p0 = dev.pipeline_stats();
+        let p0 = (i == 0).then(|| dev.pipeline_stats());
         let b0 = dev.pool_stats().buffers_created;
         let t = Instant::now();
         let loss = trainer.step(std::slice::from_ref(&batch))?;
         losses.push(loss.item()?); // synchronizes
         let ms = t.elapsed().as_secs_f64() * 1e3;
-        if i == 0 {
+        if let Some(p0) = p0 {
             let p = dev.pipeline_stats();
             step0 = (
                 p.pipelines_compiled - p0.pipelines_compiled,

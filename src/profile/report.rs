@@ -302,7 +302,7 @@ impl ProfileReport {
         match self.timing {
             Some(TimingMode::PerDispatch) => {}
             Some(TimingMode::PerPass) => s.push_str(
-                "note: GPU time is per pass (the adapter cannot time inside passes, or\n      WGRAD_DISABLE_FEATURES=timestamps_inside_passes): idle between passes is the GPU\n      waiting for the next submit\n",
+                "note: GPU time is per pass (the adapter cannot time inside passes, or\n      WGRAD_DISABLE_FEATURES=timestamps_inside_passes): idle between passes is the GPU\n      waiting for the next submit, or a copy between two passes of one submit\n",
             ),
             None => s.push_str("note: this adapter has no timestamp queries; no GPU times\n"),
         }
