@@ -39,6 +39,11 @@ pub struct DeviceOptions {
     /// Threads that compile pipelines (`None`: `WGRAD_COMPILE_THREADS`, else one per core;
     /// at most 16; `Some(0)`: each compiled where it is first recorded).
     pub compile_threads: Option<usize>,
+    /// Bytes the buffer pool may hold (live and free) in buffers it makes rather than reuse
+    /// one given back in the open Segment (`Some(0)`: a free buffer is reused at once, as
+    /// `WGRAD_POOL_REUSE=any`; `None`: as the environment says, by default reused at once
+    /// until a trainer sets `Reuse::REPEATING`). See `memory::Reuse`.
+    pub pool_budget: Option<u64>,
 }
 
 /// The wgpu device and what it can do.

@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
+use crate::memory::Reuse;
 use crate::nn::Gpt2;
 use crate::optim::{AdamW, AdamWConfig, LossScaleConfig, LrSchedule};
 
@@ -40,6 +41,12 @@ impl Trainer {
     /// scaling.
     pub fn new(model: Gpt2, config: AdamWConfig, lr: f32, schedule: LrSchedule) -> Result<Trainer> {
         let mut opt = AdamW::new(&model.params, config)?;
+        // Steps repeat: buffers made in the first serve every later one, and the dispatches
+        // that write them do not wait for the ones before (`memory::Reuse`).
+        model
+            .params
+            .device()
+            .set_pool_reuse(Reuse::from_env(Reuse::REPEATING));
         if model.amp() {
             opt.enable_loss_scaling(&model.params, LossScaleConfig::default())?;
         }

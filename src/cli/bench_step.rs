@@ -65,6 +65,9 @@ struct Report {
     submits_per_step: f64,
     buffers_created_per_step: f64,
     dispatches_per_step: f64,
+    /// Dispatches encoded behind a pipeline barrier, which waits for all the compute work
+    /// before it (the others may run beside the dispatches before them).
+    barriers_per_step: f64,
     loss_first: f32,
     loss_last: f32,
     /// --amp: the loss scale after the last step, and the steps skipped on an overflow.
@@ -123,6 +126,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut submits = 0u64;
     let mut created = 0u64;
     let mut dispatches = 0u64;
+    let mut barriers = 0u64;
     let mut losses = Vec::new();
     let mut step0 = (0, 0.0, 0.0);
     for i in 0..args.warmup.max(1) + args.steps {
@@ -145,6 +149,7 @@ pub fn run(args: &Args) -> Result<()> {
             let c = dev.counters() - c0;
             submits += c.submits;
             dispatches += c.dispatches;
+            barriers += c.barriers;
             created += dev.pool_stats().buffers_created - b0;
         }
         times.push(ms);
@@ -174,6 +179,7 @@ pub fn run(args: &Args) -> Result<()> {
         submits_per_step: submits as f64 / n,
         buffers_created_per_step: created as f64 / n,
         dispatches_per_step: dispatches as f64 / n,
+        barriers_per_step: barriers as f64 / n,
         loss_first: losses[0],
         loss_last: *losses.last().expect("steps ran"),
         loss_scale: scale.map(|s| s.scale),
@@ -218,6 +224,7 @@ pub fn run(args: &Args) -> Result<()> {
             report.buffers_created_per_step
         );
         println!("dispatches per step  {:>10.1}", report.dispatches_per_step);
+        println!("barriers per step    {:>10.1}", report.barriers_per_step);
         println!(
             "loss                 {:>10.4} -> {:.4}",
             report.loss_first, report.loss_last

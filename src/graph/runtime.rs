@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use bytemuck::Pod;
 
 use super::segment::{
-    encode, BindGroupCache, BufferRef, Command, Counters, Dispatch, EncodeTargets, Phase, Segment,
+    encode, Barriers, BindGroupCache, BufferRef, Command, Counters, Dispatch, EncodeTargets, Phase,
+    Segment,
 };
 use super::timing::{self, GpuInterval, GpuTimer, TimingMode};
 use crate::device::{AdapterReport, DeviceOptions, Gpu};
 use crate::error::{Error, Result};
 use crate::kernels::tuning::{self, ProductKey, TileChoice, TileTable};
 use crate::kernels::{grid, KernelDesc, PipelineCache, PipelineStats, Spec};
-use crate::memory::{BufferPool, GpuArena, PoolStats, PooledBuffer};
+use crate::memory::{BufferPool, GpuArena, PoolStats, PooledBuffer, Reuse};
 
 /// Dispatches past which an open Segment is flushed on its own (bounds the parameter arena
 /// and the latency before the GPU starts; a DistilGPT-2 step records a few hundred).
@@ -39,6 +40,8 @@ struct State {
     params_buffer: Option<(wgpu::Buffer, u64)>,
     uploads_gpu: GpuArena,
     bind_groups: BindGroupCache,
+    /// Which dispatches of a flush go behind a barrier (counted in `counters`).
+    barriers: Barriers,
     counters: Counters,
     flush_bound: usize,
     /// A one-shot bound (`submit_early`): the open Segment is flushed once it holds this many
@@ -132,8 +135,18 @@ impl Device {
             | wgpu::BufferUsages::COPY_DST;
         let read_back_usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
         let state = State {
-            pool: BufferPool::new("wgrad:tensor", storage_usage),
-            read_back_pool: BufferPool::new("wgrad:read_back", read_back_usage),
+            pool: BufferPool::new(
+                "wgrad:tensor",
+                storage_usage,
+                match options.pool_budget {
+                    None => Reuse::from_env(Reuse::Any),
+                    Some(0) => Reuse::Any,
+                    Some(budget) => Reuse::AcrossSegments {
+                        budget: Some(budget),
+                    },
+                },
+            ),
+            read_back_pool: BufferPool::new("wgrad:read_back", read_back_usage, Reuse::Any),
             pipelines: PipelineCache::new(
                 gpu.has(wgpu::Features::SUBGROUP),
                 gpu.limits.max_compute_workgroups_per_dimension,
@@ -145,6 +158,7 @@ impl Device {
             params_buffer: None,
             uploads_gpu: GpuArena::new("wgrad:uploads", wgpu::BufferUsages::COPY_SRC, 1 << 16),
             bind_groups: BindGroupCache::default(),
+            barriers: Barriers::default(),
             counters: Counters::default(),
             flush_bound: DEFAULT_FLUSH_BOUND,
             early_flush: None,
@@ -336,6 +350,11 @@ impl Device {
         s.pipelines.warmup(&self.rt.gpu.device, f16);
     }
 
+    /// How the tensor pool serves later requests (`Reuse::REPEATING` for a training loop).
+    pub fn set_pool_reuse(&self, reuse: Reuse) {
+        self.state().pool.set_reuse(reuse);
+    }
+
     /// Frees every cached (unused) buffer of the pools.
     pub fn trim(&self) {
         let mut s = self.state();
@@ -425,9 +444,11 @@ impl Device {
                 counters: &mut st.counters,
                 max_binding: gpu.limits.max_storage_buffer_binding_size,
                 timer: st.timer.as_mut(),
+                barriers: &mut st.barriers,
             },
         );
         let idx = gpu.queue.submit([cmd]);
+        st.pool.next_segment();
         st.counters.submits += 1;
         st.counters.encode_submit_ns += start.elapsed().as_nanos() as u64;
         // Recycle the host arenas' allocations for the next Segment.
@@ -527,10 +548,11 @@ impl Device {
             let pad = vec![0u8; (size - data.len() as u64) as usize];
             s.segment.uploads.push(&pad, 1);
         }
-        let dst = dst.buffer_ref().buffer;
+        let dst = dst.buffer_ref();
         s.segment.commands.push(Command::Upload {
             arena_offset,
-            dst,
+            dst: dst.buffer,
+            dst_id: dst.id,
             dst_offset: offset,
             size,
         });
@@ -547,10 +569,13 @@ impl Device {
             return;
         }
         let mut s = self.state();
+        let (src, dst) = (src.buffer_ref(), dst.buffer_ref());
         s.segment.commands.push(Command::Copy {
-            src: src.buffer_ref().buffer,
+            src: src.buffer,
+            src_id: src.id,
             src_offset: 0,
-            dst: dst.buffer_ref().buffer,
+            dst: dst.buffer,
+            dst_id: dst.id,
             dst_offset: 0,
             size: bytes,
         });
@@ -568,10 +593,13 @@ impl Device {
         let (staging, idx) = {
             let mut s = self.state();
             let staging = s.read_back_pool.acquire(&gpu.device, size);
+            let src_ref = src.buffer_ref();
             s.segment.commands.push(Command::Copy {
-                src: src.buffer_ref().buffer,
+                src: src_ref.buffer,
+                src_id: src_ref.id,
                 src_offset: start,
                 dst: staging.buffer.clone(),
+                dst_id: staging.id,
                 dst_offset: 0,
                 size,
             });
@@ -689,5 +717,57 @@ mod tests {
         let c0 = dev.counters();
         dev.flush();
         assert_eq!((dev.counters() - c0).submits, 0);
+    }
+
+    fn pool_device(pool_budget: u64) -> Device {
+        Device::with_options(&DeviceOptions {
+            pool_budget: Some(pool_budget),
+            ..Default::default()
+        })
+        .expect("a device (lavapipe without a GPU)")
+    }
+
+    #[test]
+    fn dispatches_that_write_new_buffers_and_read_what_was_read_run_without_a_barrier() {
+        let dev = pool_device(1 << 30);
+        let x = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0, 4.0], &[4]).expect("an upload");
+        let y = Tensor::from_slice(&dev, &[0.5, 0.5, 0.5, 0.5], &[4]).expect("an upload");
+        dev.flush();
+        let c0 = dev.counters();
+        let a = x.add(&y).expect("recorded"); // first uses in this command buffer
+        let b = x.mul(&y).expect("recorded"); // x, y read again; b new: beside a
+        let c = a.add(&b).expect("recorded"); // reads what a and b wrote: waits
+        let d = c.mul_scalar(2.0).expect("recorded"); // reads c: waits
+        dev.flush();
+        let k = dev.counters() - c0;
+        assert_eq!((k.dispatches, k.barriers), (4, 2), "{k:?}");
+        assert_eq!(d.to_vec().expect("read back"), [4.0, 7.0, 10.0, 13.0]);
+    }
+
+    #[test]
+    fn a_buffer_given_back_in_the_open_segment_is_reused_in_the_next() {
+        // (budget, whether the open Segment's buffer is taken again at once)
+        for (budget, at_once) in [(1u64 << 30, false), (0, true), (1, true)] {
+            let dev = pool_device(budget);
+            let x = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0, 4.0], &[4]).expect("an upload");
+            let y = Tensor::from_slice(&dev, &[0.5, 0.5, 0.5, 0.5], &[4]).expect("an upload");
+            dev.flush();
+            let c0 = dev.counters();
+            let a = x.add(&y).expect("recorded");
+            let freed = a.storage().buffer_id();
+            drop(a);
+            let b = x.mul(&y).expect("recorded");
+            dev.flush();
+            let k = dev.counters() - c0;
+            assert_eq!(b.storage().buffer_id() == freed, at_once, "budget {budget}");
+            // b writing the buffer a wrote in the same command buffer waits for a.
+            assert_eq!(k.barriers, at_once as u64, "budget {budget}: {k:?}");
+            assert_eq!(b.to_vec().expect("read back"), [0.5, 1.0, 1.5, 2.0]);
+            drop(b);
+            // Given back before the open Segment: taken first.
+            let e = x.sub(&y).expect("recorded");
+            assert_eq!(e.storage().buffer_id(), freed, "budget {budget}");
+            assert_eq!(e.to_vec().expect("read back"), [0.5, 1.5, 2.5, 3.5]);
+        }
     }
 }

@@ -36,14 +36,17 @@ pub enum Command {
     Upload {
         arena_offset: u64,
         dst: wgpu::Buffer,
+        dst_id: u64,
         dst_offset: u64,
         size: u64,
     },
     /// A copy between buffers (read-backs into a mappable buffer).
     Copy {
         src: wgpu::Buffer,
+        src_id: u64,
         src_offset: u64,
         dst: wgpu::Buffer,
+        dst_id: u64,
         dst_offset: u64,
         size: u64,
     },
@@ -88,6 +91,9 @@ pub struct Counters {
     pub optimizer_dispatches: u64,
     pub submits: u64,
     pub compute_passes: u64,
+    /// Dispatches encoded behind a pipeline barrier (`Barriers`): each waits for all the
+    /// compute work before it; the others may run beside the dispatches before them.
+    pub barriers: u64,
     pub bind_groups_created: u64,
     pub uploads: u64,
     pub bytes_uploaded: u64,
@@ -111,6 +117,7 @@ impl std::ops::Sub for Counters {
             optimizer_dispatches: self.optimizer_dispatches - o.optimizer_dispatches,
             submits: self.submits - o.submits,
             compute_passes: self.compute_passes - o.compute_passes,
+            barriers: self.barriers - o.barriers,
             bind_groups_created: self.bind_groups_created - o.bind_groups_created,
             uploads: self.uploads - o.uploads,
             bytes_uploaded: self.bytes_uploaded - o.bytes_uploaded,
@@ -166,6 +173,87 @@ impl BindGroupCache {
     }
 }
 
+/// How a command uses a buffer, as wgpu-core tracks it within a command buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    StorageRead,
+    StorageWrite,
+    CopySrc,
+    CopyDst,
+}
+
+/// The barriers wgpu 30 puts into a command buffer (wgpu-core's `track::skip_barrier`): before
+/// a command, one for every buffer it uses that an earlier command of the same command buffer
+/// used, unless both uses are the same read-only one (storage read, copy source). Read-write
+/// storage is never such a use, so a dispatch that writes a buffer written or read before
+/// waits; one whose outputs are new to the command buffer and whose inputs were last read (not
+/// written) does not. A buffer's first use in a command buffer has its transition placed
+/// before the command buffer, at submit. On Vulkan a barrier between dispatches waits for all
+/// the compute work before it; without one, the GPU may run a dispatch beside the ones before.
+#[derive(Default)]
+pub struct Barriers {
+    last: HashMap<u64, Use, std::hash::BuildHasherDefault<IdHasher>>,
+}
+
+/// Buffer ids are unique and handed out in order: a multiply spreads them over the table.
+#[derive(Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(self.0 ^ b as u64);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+impl Barriers {
+    /// Forgets every use: a new command buffer (the map keeps its room).
+    pub fn clear(&mut self) {
+        self.last.clear();
+    }
+
+    /// Records one command's uses (a buffer may come twice, with the same use); whether a
+    /// barrier goes before the command.
+    pub fn record(&mut self, uses: impl IntoIterator<Item = (u64, Use)>) -> bool {
+        let mut barrier = false;
+        for (id, u) in uses {
+            if let Some(old) = self.last.insert(id, u) {
+                let ordered = matches!(old, Use::StorageRead | Use::CopySrc);
+                barrier |= !(old == u && ordered);
+            }
+        }
+        barrier
+    }
+
+    /// A dispatch's uses: its storage bindings with their kernel's access.
+    fn dispatch(&mut self, d: &Dispatch) -> bool {
+        let access = d.pipeline.layout.storage;
+        // The same buffer bound twice in one dispatch is one use (wgpu merges them).
+        let mut seen: [(u64, Use); 8] = [(u64::MAX, Use::StorageRead); 8];
+        let mut n = 0;
+        for (b, a) in d.buffers.iter().zip(access) {
+            let u = match a {
+                crate::kernels::Access::Read => Use::StorageRead,
+                crate::kernels::Access::ReadWrite => Use::StorageWrite,
+            };
+            if n < seen.len() && !seen[..n].iter().any(|(id, _)| *id == b.id) {
+                seen[n] = (b.id, u);
+                n += 1;
+            }
+        }
+        self.record(seen[..n].iter().copied())
+    }
+}
+
 /// What `encode` needs besides the segment.
 pub struct EncodeTargets<'a> {
     pub device: &'a wgpu::Device,
@@ -178,6 +266,8 @@ pub struct EncodeTargets<'a> {
     pub max_binding: u64,
     /// GPU timestamps, when profiling.
     pub timer: Option<&'a mut super::timing::GpuTimer>,
+    /// The barrier model's buffer uses (kept between flushes for its room).
+    pub barriers: &'a mut Barriers,
 }
 
 /// Encodes every command of `segment` in order into one command buffer.
@@ -187,6 +277,8 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
             label: Some("wgrad:segment"),
         });
+    let barriers = &mut *t.barriers;
+    barriers.clear();
     let mut i = 0;
     let cmds = &segment.commands;
     while i < cmds.len() {
@@ -200,6 +292,9 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
                 t.counters.compute_passes += 1;
                 let mut last_pipeline: *const Pipeline = std::ptr::null();
                 while let Some(Command::Dispatch(d)) = cmds.get(i) {
+                    if barriers.dispatch(d) {
+                        t.counters.barriers += 1;
+                    }
                     let (params, params_id) =
                         t.params.expect("a segment with dispatches has params");
                     let bg = bind_group(
@@ -230,9 +325,11 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
             Command::Upload {
                 arena_offset,
                 dst,
+                dst_id,
                 dst_offset,
                 size,
             } => {
+                barriers.record([(*dst_id, Use::CopyDst)]);
                 let src = t
                     .uploads
                     .expect("a segment with uploads has an upload arena");
@@ -241,11 +338,14 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
             }
             Command::Copy {
                 src,
+                src_id,
                 src_offset,
                 dst,
+                dst_id,
                 dst_offset,
                 size,
             } => {
+                barriers.record([(*src_id, Use::CopySrc), (*dst_id, Use::CopyDst)]);
                 encoder.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *size);
                 i += 1;
             }
@@ -303,4 +403,32 @@ fn bind_group<'c>(
             entries: &entries,
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Barriers, Use};
+
+    #[test]
+    fn barriers_follow_wgpu_cores_rule() {
+        let mut b = Barriers::default();
+        assert!(
+            !b.record([(1, Use::StorageRead), (2, Use::StorageWrite)]),
+            "first uses"
+        );
+        assert!(
+            !b.record([(1, Use::StorageRead), (3, Use::StorageWrite)]),
+            "read after read"
+        );
+        assert!(b.record([(2, Use::StorageRead)]), "read after write");
+        assert!(b.record([(1, Use::StorageWrite)]), "write after read");
+        assert!(b.record([(1, Use::StorageWrite)]), "write after write");
+        assert!(!b.record([(4, Use::CopySrc)]) && !b.record([(4, Use::CopySrc)]));
+        assert!(b.record([(4, Use::StorageRead)]), "another read-only use");
+        assert!(!b.record([(5, Use::CopyDst)]));
+        assert!(
+            b.record([(5, Use::CopyDst)]),
+            "a copy into a buffer after another"
+        );
+    }
 }

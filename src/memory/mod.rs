@@ -5,7 +5,7 @@ mod arena;
 mod pool;
 
 pub use arena::{GpuArena, HostArena};
-pub use pool::{size_class, BufferPool, PoolStats, PooledBuffer};
+pub use pool::{size_class, BufferPool, PoolStats, PooledBuffer, Reuse};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

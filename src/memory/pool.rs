@@ -6,6 +6,16 @@
 //! later may reuse it even inside the open Segment. Host uploads never write into a buffer with
 //! `queue.write_buffer` (which would run before earlier recorded work): they go through the
 //! encoder in order (see `GpuArena` and `graph::segment`).
+//!
+//! Which free buffer a request gets (`Reuse`): the oldest of its class, by default. A buffer
+//! given back while the open Segment was recorded has been used in that Segment's command
+//! buffer, though, and wgpu puts a barrier before a dispatch that writes such a buffer
+//! (`graph::segment::Barriers`), which waits for all the compute work before it. For a workload
+//! that repeats (`Reuse::REPEATING`, which the trainer sets) a request takes the oldest buffer
+//! given back in an earlier Segment, and makes a new one rather than reuse a buffer of the open
+//! Segment while the pool stays within its budget: independent dispatches (a linear's dW and
+//! dX) then run side by side, and the buffers made are made once, as every step asks in the
+//! same order.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -37,6 +47,67 @@ pub struct PooledBuffer {
     pub id: u64,
     /// The class size (what was allocated), at least what was asked for.
     pub size: u64,
+}
+
+/// How a request is served from the free buffers of its class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// The oldest buffer given back before the open Segment; else a new buffer while the
+    /// pool's bytes (live and free) stay within the budget; else the oldest free buffer. The
+    /// budget: `Some(bytes)`, or (`None`) half as much again as the most bytes ever live, and
+    /// at least 1 GiB more.
+    AcrossSegments { budget: Option<u64> },
+    /// The oldest free buffer: the default (a workload that does not repeat would make a
+    /// buffer for nearly every request otherwise; a 1,000-op chain made 1,000).
+    Any,
+}
+
+impl Reuse {
+    /// For a workload that repeats (a training step): buffers made once serve every later
+    /// step, so the pool keeps a Segment's given-back buffers for the next one.
+    pub const REPEATING: Reuse = Reuse::AcrossSegments { budget: None };
+
+    /// `default`, unless `WGRAD_POOL_REUSE` says `any` or `segments`; `WGRAD_POOL_BUDGET_MIB`
+    /// sets the budget of `AcrossSegments` (in MiB) instead of the one that follows the bytes
+    /// live.
+    pub fn from_env(default: Reuse) -> Reuse {
+        let budget = std::env::var("WGRAD_POOL_BUDGET_MIB")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|mib| mib << 20);
+        let reuse = match std::env::var("WGRAD_POOL_REUSE").as_deref() {
+            Ok("any") => Reuse::Any,
+            Ok("segments") => Reuse::REPEATING,
+            _ => default,
+        };
+        match reuse {
+            Reuse::AcrossSegments { budget: b } => Reuse::AcrossSegments {
+                budget: budget.or(b),
+            },
+            Reuse::Any => Reuse::Any,
+        }
+    }
+}
+
+/// The free buffers of one size class, each set ordered by buffer id.
+#[derive(Default)]
+struct FreeClass {
+    /// Given back before the open Segment.
+    earlier: BTreeMap<u64, PooledBuffer>,
+    /// Given back while the open Segment was recorded.
+    open: BTreeMap<u64, PooledBuffer>,
+}
+
+impl FreeClass {
+    /// The oldest buffer of either set.
+    fn pop_oldest(&mut self) -> Option<PooledBuffer> {
+        match (self.earlier.first_key_value(), self.open.first_key_value()) {
+            (Some((e, _)), Some((o, _))) if o < e => self.open.pop_first(),
+            (Some(_), _) => self.earlier.pop_first(),
+            _ => self.open.pop_first(),
+        }
+        .map(|(_, b)| b)
+    }
 }
 
 /// Counters since the pool was made (or since `reset_counters`).
@@ -75,26 +146,67 @@ pub struct BufferPool {
     /// buffer, so the same sequence of requests and releases gets the same buffers every step
     /// (and the bind groups cached for them keep hitting). LIFO lists reshuffle instead: a
     /// repeated workload created new bind groups for 12 repeats (tests/ops.rs, lavapipe).
-    free: HashMap<u64, BTreeMap<u64, PooledBuffer>>,
+    free: HashMap<u64, FreeClass>,
+    /// Classes given a buffer back while the open Segment was recorded.
+    opened: Vec<u64>,
     stats: PoolStats,
+    reuse: Reuse,
+    /// The most bytes ever live (`peak_bytes_live` restarts with the counters).
+    high_water: u64,
 }
 
 impl BufferPool {
-    pub fn new(label: &'static str, usage: wgpu::BufferUsages) -> BufferPool {
+    /// How later requests are served.
+    pub fn set_reuse(&mut self, reuse: Reuse) {
+        self.reuse = reuse;
+    }
+}
+
+impl BufferPool {
+    pub fn new(label: &'static str, usage: wgpu::BufferUsages, reuse: Reuse) -> BufferPool {
         BufferPool {
             label,
             usage,
             free: HashMap::new(),
+            opened: Vec::new(),
             stats: PoolStats::default(),
+            reuse,
+            high_water: 0,
         }
     }
 
-    /// A buffer of at least `bytes`, from the free list of its class or newly created.
+    /// The open Segment was submitted: buffers given back so far are new to the next one.
+    pub fn next_segment(&mut self) {
+        for size in self.opened.drain(..) {
+            if let Some(class) = self.free.get_mut(&size) {
+                let mut open = std::mem::take(&mut class.open);
+                class.earlier.append(&mut open);
+            }
+        }
+    }
+
+    /// Bytes the pool may hold before it reuses a buffer of the open Segment (`Reuse`).
+    fn budget(&self, fixed: Option<u64>) -> u64 {
+        fixed.unwrap_or((self.high_water * 3 / 2).max(self.high_water + (1 << 30)))
+    }
+
+    /// A buffer of at least `bytes`, from the free list of its class (as `Reuse` says) or newly
+    /// created.
     pub fn acquire(&mut self, device: &wgpu::Device, bytes: u64) -> PooledBuffer {
         let size = size_class(bytes);
         self.stats.requests += 1;
-        let buf = match self.free.get_mut(&size).and_then(|c| c.pop_first()) {
-            Some((_, buf)) => {
+        let over = match self.reuse {
+            Reuse::Any => true,
+            Reuse::AcrossSegments { budget } => {
+                self.stats.bytes_live + self.stats.bytes_cached + size > self.budget(budget)
+            }
+        };
+        let pick = self.free.get_mut(&size).and_then(|class| match over {
+            true => class.pop_oldest(),
+            false => class.earlier.pop_first().map(|(_, b)| b),
+        });
+        let buf = match pick {
+            Some(buf) => {
                 self.stats.reuses += 1;
                 self.stats.bytes_cached -= size;
                 buf
@@ -115,6 +227,7 @@ impl BufferPool {
         };
         self.stats.bytes_live += size;
         self.stats.peak_bytes_live = self.stats.peak_bytes_live.max(self.stats.bytes_live);
+        self.high_water = self.high_water.max(self.stats.bytes_live);
         buf
     }
 
@@ -122,14 +235,19 @@ impl BufferPool {
     pub fn release(&mut self, buf: PooledBuffer) {
         self.stats.bytes_live -= buf.size;
         self.stats.bytes_cached += buf.size;
-        self.free.entry(buf.size).or_default().insert(buf.id, buf);
+        let class = self.free.entry(buf.size).or_default();
+        if class.open.is_empty() {
+            self.opened.push(buf.size);
+        }
+        class.open.insert(buf.id, buf);
     }
 
     /// Destroys every cached buffer; returns the ids destroyed (their bind groups are stale).
     pub fn trim(&mut self) -> Vec<u64> {
         let mut ids = Vec::new();
-        for (_, list) in self.free.drain() {
-            for (_, buf) in list {
+        self.opened.clear();
+        for (_, class) in self.free.drain() {
+            for (_, buf) in class.earlier.into_iter().chain(class.open) {
                 buf.buffer.destroy();
                 ids.push(buf.id);
             }

@@ -74,6 +74,11 @@ pub struct ProfileReport {
     pub pool_hit_rate: f64,
     pub bytes_live: u64,
     pub peak_bytes_live: u64,
+    /// Bytes of the pool's free buffers after the last step.
+    pub bytes_free: u64,
+    /// Dispatches per step encoded behind a pipeline barrier (each waits for all the compute
+    /// work before it; see `graph::segment::Barriers`).
+    pub barriers_per_step: f64,
     pub pipelines_compiled_per_step: f64,
     pub bind_groups_created_per_step: f64,
     pub bytes_uploaded_per_step: f64,
@@ -243,6 +248,8 @@ pub(super) fn build(
             1.0
         },
         bytes_live: last.map(|s| s.pool_after.bytes_live).unwrap_or(0),
+        bytes_free: last.map(|s| s.pool_after.bytes_cached).unwrap_or(0),
+        barriers_per_step: per(&|s| s.counters.barriers as f64),
         peak_bytes_live: steps
             .iter()
             .map(|s| s.pool_after.peak_bytes_live)
@@ -351,7 +358,7 @@ impl ProfileReport {
             let _ = writeln!(s, "{:<26} {:>10.3}", p.phase, p.ms);
         }
         let _ = writeln!(s, "\nper step:");
-        let rows: [(&str, String); 11] = [
+        let rows: [(&str, String); 13] = [
             (
                 "dispatches",
                 format!(
@@ -361,6 +368,10 @@ impl ProfileReport {
                     self.backward_dispatches_per_step,
                     self.optimizer_dispatches_per_step
                 ),
+            ),
+            (
+                "dispatch barriers",
+                format!("{:.0}", self.barriers_per_step),
             ),
             (
                 "queue.submit calls",
@@ -376,6 +387,7 @@ impl ProfileReport {
             ),
             ("bytes live", self.bytes_live.to_string()),
             ("peak bytes live", self.peak_bytes_live.to_string()),
+            ("bytes free in pool", self.bytes_free.to_string()),
             (
                 "pipelines compiled",
                 format!("{:.1}", self.pipelines_compiled_per_step),
