@@ -59,9 +59,11 @@ impl LinearBackward {
             }
             None => g,
         };
-        if self.has_bias && ctx.needed(2) {
-            ctx.put_with(2, |out| dz.sum_to_shape_into(&[n], out))?;
-        }
+        // Recorded dW, dX, db: dW writes the gradient buffer, which puts a barrier before it
+        // (`graph::segment::Barriers`); dX (a new buffer) and db's first stage (new partial
+        // sums) read what dW reads and write nothing used since, so they run beside it, and
+        // only db's second stage waits again. (db first cost one more barrier: db's stage 1
+        // waited for dz, its stage 2 and dW each for the gradient buffer.)
         if ctx.needed(1) {
             let x = &self.x;
             ctx.put_with(1, |out| match out {
@@ -102,6 +104,9 @@ impl LinearBackward {
                     Ok(t.clone())
                 }
             })?;
+        }
+        if self.has_bias && ctx.needed(2) {
+            ctx.put_with(2, |out| dz.sum_to_shape_into(&[n], out))?;
         }
         Ok(())
     }
