@@ -126,8 +126,8 @@ fn fused_linear_is_one_forward_dispatch() -> Result<()> {
     );
     let c1 = d.counters();
     y.backward_with(&Tensor::ones(&d, &[16, 12])?)?;
-    // gelu' (1), db (1), dW (1), dx (1); the seed is a fill counted in forward.
-    assert_eq!((d.counters() - c1).backward_dispatches, 4);
+    // gelu' (1), dW with db in its product (1), dx (1); the seed is a fill counted in forward.
+    assert_eq!((d.counters() - c1).backward_dispatches, 3);
     Ok(())
 }
 
@@ -296,5 +296,88 @@ fn a_bias_product_split_into_ranges_of_k_matches_f64() -> Result<()> {
         );
     }
     d.force_split(None);
+    Ok(())
+}
+
+/// A linear's bias gradient comes out of its dW product (x^T extended by a row of ones): dW and
+/// db match f64 sums, unsplit and in ranges of K (the split sum stores the row), written and
+/// then added into (a second backward), in f32 and under autocast; an input width that is not
+/// a multiple of 8 (which the cooperative-matrix kernel cannot extend), or over 1,024 rows,
+/// sums dz by a reduction.
+#[test]
+fn a_bias_gradient_from_the_dw_product_matches_f64() -> Result<()> {
+    use wgrad::ops::autocast;
+    let d = &private_dev();
+    let mut r = rng("linear db in dW");
+    let halves: &[bool] = if d.gpu().has(wgrad::wgpu::Features::SHADER_F16) {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let round = |v: &[f32], half: bool| -> Vec<f64> {
+        v.iter()
+            .map(|&x| match half {
+                true => half::f16::from_f32(x).to_f32() as f64,
+                false => x as f64,
+            })
+            .collect()
+    };
+    // A width the cooperative-matrix kernel cannot extend, or more than 1,024 rows (where the
+    // extra tile row costs more than a reduction), sums dz (f32) by a reduction.
+    let coop = wgrad::kernels::matmul_coop::Coop::available(d.gpu()).is_some();
+    for (rows, k, n) in [(300, 24, 40), (257, 8, 3), (64, 13, 20), (1100, 16, 12)] {
+        let fold = rows <= 1024 && !(coop && k % 8 != 0);
+        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+        let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
+        for &half in halves {
+            let (x64, g64) = (round(&xs, half), round(&gs, half));
+            let reduced = round(&gs, half && fold);
+            let mut want_dw = vec![0.0; k * n];
+            let mut want_db = vec![0.0; n];
+            for row in 0..rows {
+                for j in 0..n {
+                    let g = g64[row * n + j];
+                    want_db[j] += reduced[row * n + j];
+                    for i in 0..k {
+                        want_dw[i * n + j] += x64[row * k + i] * g;
+                    }
+                }
+            }
+            for split in [None, Some(2), Some(5)] {
+                d.force_split(split);
+                let x = Tensor::from_slice(d, &xs, &[rows, k])?;
+                let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
+                let b = Tensor::zeros(d, &[n])?.requires_grad();
+                let g = Tensor::from_slice(d, &gs, &[rows, n])?;
+                let what = format!(
+                    "{rows}x{k}x{n}, split {split:?}{}",
+                    if half { ", autocast" } else { "" }
+                );
+                for pass in 1..=2 {
+                    let y = autocast(half, || x.linear(&w, Some(&b), Activation::None))?;
+                    d.sync()?;
+                    let c0 = d.counters();
+                    y.backward_with(&g)?;
+                    d.sync()?;
+                    if pass == 1 && fold {
+                        // The product with db (and the split sum), nothing else: x needs no
+                        // gradient.
+                        let c = d.counters() - c0;
+                        let want = if split.is_some() { 2 } else { 1 };
+                        assert_eq!(c.backward_dispatches, want, "{what}: {c:?}");
+                    }
+                    let scale = pass as f64;
+                    let tol = if half { 2e-3 } else { 1e-4 };
+                    let dw: Vec<f64> = want_dw.iter().map(|v| v * scale).collect();
+                    let db: Vec<f64> = want_db.iter().map(|v| v * scale).collect();
+                    let got = grads(&[w.clone(), b.clone()])?;
+                    assert_close(&got[0], &dw, tol, &format!("dW, {what}, pass {pass}"));
+                    assert_close(&got[1], &db, tol, &format!("db, {what}, pass {pass}"));
+                }
+            }
+            d.force_split(None);
+        }
+    }
     Ok(())
 }

@@ -10,7 +10,14 @@
 // read distinct workgroup-memory words and write coalesced columns).
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
-// matmul_bias_gelu (also saves the pre-activation). Specialization: BM, BN, BK, TM, TN, ACC.
+// matmul_bias_gelu (also saves the pre-activation), matmul_sums (with ONES: the column sums of
+// B too, below). Specialization: BM, BN, BK, TM, TN, ACC, ONES.
+//
+// ONES: A's last row (m = M - 1) is not read but taken as ones, so C's last row is the column
+// sums of B (a linear's bias gradient beside its weight gradient, dW = x^T dz: the sums of dz
+// over rows come with the product). matmul_sums stores that row to `pre` at bias_off (added
+// into it with ACC); split into ranges of K (k_split > 0), the partials keep it as their row
+// M - 1, and the split sum stores it.
 //
 // Types (aliases prepended with the constants): TA, TB, TC the element types of A, B and C
 // (f32 or f16); TS the type the tiles are staged in: f16 for a mixed-precision product
@@ -129,9 +136,14 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             let mk = a_at(e);
             let gm = row0 + mk.x;
             let gk = k0 + mk.y;
-            let ok = e < BM * BK && gm < p.m && gk < k_hi;
+            let inside = e < BM * BK && gm < p.m && gk < k_hi;
+            let ones = ONES && gm == p.m - 1u;
+            let ok = inside && !ones;
             a_next[i] = TS(a[select(0u, a_base + gm * p.a_ms + gk * p.a_ks, ok)]);
-            a_ok |= select(0u, 1u << i, ok);
+            if (ONES) {
+                a_next[i] = select(a_next[i], TS(1.0), ones);
+            }
+            a_ok |= select(0u, 1u << i, inside);
         }
         b_ok = 0u;
         for (var i = 0u; i < B_LOADS; i++) {
@@ -245,6 +257,28 @@ fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
                 let k = 0.7978845608028654; // sqrt(2 / pi)
                 let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
                 store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, 0.5 * z * (1.0 + t));
+            }
+        }
+    }
+}
+
+// C (+)= A @ B with ONES, C's last row (the column sums of B) stored to pre at bias_off instead
+// (unless split: the partials keep it).
+@compute @workgroup_size(WG)
+fn matmul_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let acc = tile_product(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let v = acc[i * TN + j];
+                if (gm == p.m - 1u && p.k_split == 0u) {
+                    let o = p.bias_off + gn;
+                    pre[o] = select(v, pre[o] + v, ACC);
+                } else {
+                    store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, v);
+                }
             }
         }
     }

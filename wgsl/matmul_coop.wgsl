@@ -29,7 +29,10 @@
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
 // f16) through its strides with bounds checks.
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
-// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC; types
+// A_ONES: A's last row is not read but taken as ones (the launcher checks M - 1 is a multiple
+// of 8), so C's last row is the column sums of B; matmul_coop_sums stores it to `pre` at
+// bias_off (a linear's bias gradient beside dW = x^T dz; split, the partials keep it).
+// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES; types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C); snippets TILE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
@@ -140,6 +143,14 @@ fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> UnitA {
     let i = p.a_off + wid.z * p.a_bs + gm * p.a_ms + gk * p.a_ks;
     let left = select(p.m - gm, k_hi - gk, A_UK);
     let nv = select(0u, min(8u, left), ok);
+    if (A_ONES) {
+        // The unit of A's last row (along k), or starting on it (along m: M - 1 is a multiple
+        // of 8, so the unit's first element): nothing loaded, ones at the store (nv + 16).
+        let ones = gm == p.m - 1u && ok;
+        var u = unit_a(i, select(p.a_ms, p.a_ks, A_UK), select(nv, 0u, ones));
+        u.nv = select(u.nv, nv + 16u, ones);
+        return u;
+    }
     return unit_a(i, select(p.a_ms, p.a_ks, A_UK), nv);
 }
 
@@ -285,6 +296,40 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
             if (gm < p.m && gn < p.n) {
                 let z = c_sh[sg * FE + e] + bias[p.bias_off + gn];
                 store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, z);
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// C = A @ B with A_ONES: C's last row (the column sums of B) to pre at bias_off instead
+// (unless split: the partials keep it). That row is never in a tile inside C (M is odd).
+@compute @workgroup_size(WG)
+fn matmul_coop_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+               @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let direct = C_DIRECT && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
+    if (direct && ACC) {
+        load_acc(wid, sg);
+    } else {
+        zero_acc();
+    }
+    product(wid, lid, sg);
+    if (direct) {
+        store_direct(wid, sg);
+        return;
+    }
+    for (var f = 0u; f < FRAGS; f++) {
+        spill(f, sg);
+        workgroupBarrier();
+        for (var e = lane; e < FE; e += SGS) {
+            let gm = frag_row(wid, sg, f, e);
+            let gn = frag_col(wid, sg, f, e);
+            let v = c_sh[sg * FE + e];
+            if (gm == p.m - 1u && gn < p.n && p.k_split == 0u) {
+                let o = p.bias_off + gn;
+                pre[o] = select(v, pre[o] + v, ACC);
+            } else if (gm < p.m && gn < p.n) {
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, v);
             }
         }
         workgroupBarrier();

@@ -1,7 +1,9 @@
 // Split-K, second pass: C (+)= the sum over s of part[s], the partial products the matmul
 // kernels wrote for S ranges of K (a product whose M x N gives too few workgroups to fill the
 // GPU, over a long K); matmul_split_sum_bias adds bias[column] to the sum first (a bias
-// product's epilogue: its ranges write partials without it).
+// product's epilogue: its ranges write partials without it); matmul_split_sum_sums stores
+// the partials' last row (the column sums of a product with ONES, see matmul.wgsl) to `sums`
+// at bias_off instead of C.
 //
 // Memory: part (S, M, N) contiguous f32; C (M, N) of type TC at c_off through its strides
 // c_ms, c_ns; bias (N) f32 at bias_off. One lane per element of C; the grid is 2-D past 65,535
@@ -22,6 +24,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> c: array<TC>;   // (M, N) through c_ms, c_ns
 @group(0) @binding(2) var<storage, read> part: array<f32>;     // (S, M, N)
 @group(0) @binding(3) var<storage, read> bias: array<f32>;     // (N), matmul_split_sum_bias
+@group(0) @binding(4) var<storage, read_write> sums: array<f32>; // (N), matmul_split_sum_sums
 
 const WG: u32 = 256u;
 
@@ -67,4 +70,21 @@ fn matmul_split_sum_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         return;
     }
     store_c(e, partial_sum(e) + bias[p.bias_off + e % p.n]);
+}
+
+// C (+)= the sum, its last row to sums (bias_off) instead.
+@compute @workgroup_size(WG)
+fn matmul_split_sum_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let e = element(wid, nwg, lid);
+    if (e >= p.m * p.n) {
+        return;
+    }
+    let v = partial_sum(e);
+    if (e / p.n == p.m - 1u) {
+        let o = p.bias_off + e % p.n;
+        sums[o] = select(v, sums[o] + v, ACC);
+    } else {
+        store_c(e, v);
+    }
 }

@@ -89,6 +89,21 @@ pub struct SplitSumParams {
 }
 
 /// C (+)= the sum of the split-K partial products (S, M, N).
+/// C (+)= A B with `ONES` (A's last row taken as ones): C's last row, the column sums of B, to
+/// the fifth binding at `bias_off` (the fourth is not read).
+pub static MATMUL_SUMS: KernelDesc = KernelDesc {
+    name: "matmul_sums",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+        Access::Read,
+        Access::ReadWrite,
+    ],
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
 pub static MATMUL_SPLIT_SUM: KernelDesc = KernelDesc {
     name: "matmul_split_sum",
     family: &SPLIT_FAMILY,
@@ -101,6 +116,20 @@ pub static MATMUL_SPLIT_SUM_BIAS: KernelDesc = KernelDesc {
     name: "matmul_split_sum_bias",
     family: &SPLIT_FAMILY,
     storage: &[Access::ReadWrite, Access::Read, Access::Read],
+    params_size: std::mem::size_of::<SplitSumParams>() as u64,
+};
+
+/// The split sum of a product with `ONES`: its last row to the fourth binding at `bias_off`
+/// (the third is not read).
+pub static MATMUL_SPLIT_SUM_SUMS: KernelDesc = KernelDesc {
+    name: "matmul_split_sum_sums",
+    family: &SPLIT_FAMILY,
+    storage: &[
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+        Access::ReadWrite,
+    ],
     params_size: std::mem::size_of::<SplitSumParams>() as u64,
 };
 
@@ -315,6 +344,11 @@ pub const STEP_TYPES: [Types; 5] = [
 
 /// `acc`: add the product into C (gradient accumulation) instead of overwriting it.
 pub fn spec(t: Tile, acc: bool, types: Types) -> Spec {
+    spec_ones(t, acc, types, false)
+}
+
+/// `spec`, with A's last row taken as ones where `ones` (`matmul.wgsl`'s ONES).
+pub fn spec_ones(t: Tile, acc: bool, types: Types, ones: bool) -> Spec {
     types.spec(
         Spec::new()
             .u32("BM", t.bm)
@@ -322,7 +356,8 @@ pub fn spec(t: Tile, acc: bool, types: Types) -> Spec {
             .u32("BK", t.bk)
             .u32("TM", t.tm)
             .u32("TN", t.tn)
-            .bool("ACC", acc),
+            .bool("ACC", acc)
+            .bool("ONES", ones),
     )
 }
 

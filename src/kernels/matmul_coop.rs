@@ -37,6 +37,21 @@ pub static MATMUL_COOP_BIAS: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
+/// C = A B with A_ONES (A's last row taken as ones): C's last row, the column sums of B, to the
+/// fifth binding at `bias_off` (the fourth is not read).
+pub static MATMUL_COOP_SUMS: KernelDesc = KernelDesc {
+    name: "matmul_coop_sums",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+        Access::Read,
+        Access::ReadWrite,
+    ],
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
 /// C = gelu(A B + bias), saving the pre-activation.
 pub static MATMUL_COOP_BIAS_GELU: KernelDesc = KernelDesc {
     name: "matmul_coop_bias_gelu",
@@ -375,6 +390,19 @@ pub fn spec(
     (a, b): (OperandAccess, OperandAccess),
     c_direct: bool,
 ) -> Spec {
+    spec_ones(t, acc, types, coop, (a, b), c_direct, false)
+}
+
+/// `spec`, with A's last row taken as ones where `ones` (A_ONES in the WGSL).
+pub fn spec_ones(
+    t: CoopTile,
+    acc: bool,
+    types: Types,
+    coop: Coop,
+    (a, b): (OperandAccess, OperandAccess),
+    c_direct: bool,
+    ones: bool,
+) -> Spec {
     coop.with_fragments(Spec::new())
         .ty("TC", types.c.wgsl())
         .ty("AV", vec4_of(types.a, a.wide))
@@ -396,6 +424,8 @@ pub fn spec(
         .bool("B_WIDE", b.wide)
         .bool("C_DIRECT", c_direct)
         .bool("ACC", acc)
+        .bool("A_ONES", ones)
+        .bool("B_ONES", false)
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
         .source("UNROLLED", generated(t, coop, c_direct))
 }
@@ -489,6 +519,14 @@ fn unit_{x}(i: u32, st: u32, nv: u32) -> Unit{up} {{
 
 fn half_{x}(u: Unit{up}) -> Unit {{
     let j = vec4<u32>(0u, 1u, 2u, 3u);
+    if ({up}_ONES) {{
+        // nv + 16: a unit of ones (A's last row under A_ONES), nv of them.
+        let one = vec4<bool>(u.nv >= 16u);
+        let nv = vec4<u32>(u.nv & 15u);
+        let lo = select(select(vec4<f16>(), u.lo, j < nv), vec4<f16>(1.0), one & (j < nv));
+        let hi = select(select(vec4<f16>(), u.hi, j + 4u < nv), vec4<f16>(1.0), one & (j + 4u < nv));
+        return Unit(lo, hi);
+    }}
     let lo = select(vec4<f16>(), u.lo, j < vec4<u32>(u.nv));
     let hi = select(vec4<f16>(), u.hi, j + 4u < vec4<u32>(u.nv));
     return Unit(lo, hi);

@@ -22,6 +22,12 @@ pub(crate) enum Epilogue<'a> {
         bias: &'a Tensor,
         pre: &'a Tensor,
     },
+    /// The column sums of B (N, f32, contiguous) written into this tensor beside the product,
+    /// added into it where the product is added into its output: the kernel takes A with one
+    /// more row, of ones, and stores that row of C there (a linear's bias gradient with dW =
+    /// x^T dz, one dispatch). A batched product, or one whose M the cooperative-matrix kernel
+    /// cannot extend (M not a multiple of 8), sums B by a reduction instead.
+    BColumnSums(&'a Tensor),
 }
 
 /// dA = g B^T and dB = A^T g, each written into its gradient by the matmul kernel (accumulate
@@ -276,6 +282,21 @@ impl Tensor {
         out_shape.extend([m, n]);
         let (out, acc) =
             out.resolve_typed(OP, self.device(), &out_shape, &[self, other], out_dtype)?;
+        if let (Epilogue::BColumnSums(sums), true) = (epilogue, out.numel() == 0 || k == 0) {
+            // Nothing to extend: the sums by a reduction (zeros over no rows), then the product.
+            let target = if acc {
+                Out::Acc(sums)
+            } else {
+                Out::Write(sums)
+            };
+            other.detach().sum_to_shape_into(&[n], target)?;
+            let target = if acc {
+                Out::Acc(&out)
+            } else {
+                Out::Write(&out)
+            };
+            return self.matmul_epilogue_into(other, Epilogue::None, target, out_dtype);
+        }
         if out.numel() == 0 {
             return Ok(out);
         }
@@ -299,6 +320,22 @@ impl Tensor {
         }
         let c_bs = cstrides[0].first().copied().unwrap_or(0);
         let cr = out.rank();
+        let sums = match epilogue {
+            Epilogue::BColumnSums(sums) => {
+                if sums.shape() != [n] || sums.dtype() != DType::F32 || !sums.is_contiguous() {
+                    return Err(Error::InvalidArgument {
+                        op: OP,
+                        reason: format!(
+                            "column sums go into a contiguous f32 tensor of shape [{n}], not {:?} {:?}",
+                            sums.dtype(),
+                            sums.shape()
+                        ),
+                    });
+                }
+                Some(sums)
+            }
+            _ => None,
+        };
         let max_groups = self
             .device()
             .gpu()
@@ -349,7 +386,8 @@ impl Tensor {
             b_f16: types.b == DType::F16,
             a_t: params.a_ms == 1 && params.a_ks != 1,
             b_t: params.b_ks == 1 && params.b_ns != 1,
-            bias: !matches!(epilogue, Epilogue::None),
+            // Column sums run the plain product with one more row: its measured tile serves.
+            bias: matches!(epilogue, Epilogue::Bias(_) | Epilogue::BiasGelu { .. }),
             gelu: matches!(epilogue, Epilogue::BiasGelu { .. }),
             aligned: [&a, &b, &out]
                 .iter()
@@ -357,14 +395,23 @@ impl Tensor {
         };
         let dev = self.device();
         let choice = choose_kernel(dev, &key);
+        if let Some(sums) = sums {
+            if batch != 1 || (matches!(choice, Choice::Coop(..)) && !m.is_multiple_of(8)) {
+                let target = |t| if acc { Out::Acc(t) } else { Out::Write(t) };
+                other.detach().sum_to_shape_into(&[n], target(sums))?;
+                return self.matmul_epilogue_into(other, Epilogue::None, target(&out), out_dtype);
+            }
+        }
+        // With column sums the kernels run one more row of A (ones) and of C (the sums).
+        let m_run = m + sums.is_some() as usize;
         let (bm, bn, bk) = match choice {
             Choice::Coop(coop, t) => (t.bm(coop.fs), t.bn(coop.fs), t.bk),
             Choice::Tiled(t) => (t.bm, t.bn, t.bk),
         };
-        let tiles = m.div_ceil(bm as usize) * n.div_ceil(bn as usize) * batch;
+        let tiles = m_run.div_ceil(bm as usize) * n.div_ceil(bn as usize) * batch;
         // The bias (N) a bias epilogue adds, contiguous.
         let bias = match epilogue {
-            Epilogue::None => None,
+            Epilogue::None | Epilogue::BColumnSums(_) => None,
             Epilogue::Bias(bias) | Epilogue::BiasGelu { bias, .. } => {
                 if bias.shape() != [n] {
                     return Err(Error::ShapeMismatch {
@@ -380,12 +427,14 @@ impl Tensor {
         // products summed by a second kernel, which adds a bias product's bias (plain and bias
         // products; batch 1; GELU's epilogue does not split).
         let split = match epilogue {
-            Epilogue::None | Epilogue::Bias(_) if batch == 1 => match dev.split_for(&key) {
-                // Measured (or forced by a search): at most one range a K step.
-                Some(s) => (s as usize).clamp(1, k.div_ceil(bk as usize)),
-                None => matmul::split_k(tiles, k),
+            Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_) if batch == 1 => {
+                match dev.split_for(&key) {
+                    // Measured (or forced by a search): at most one range a K step.
+                    Some(s) => (s as usize).clamp(1, k.div_ceil(bk as usize)),
+                    None => matmul::split_k(tiles, k),
+                }
+                .min(max_splits(dev, m_run, n))
             }
-            .min(max_splits(dev, m, n)),
             _ => 1,
         };
         // With a split the plain matmul kernel writes f32 partials (no bias), the sum adds the
@@ -420,10 +469,12 @@ impl Tensor {
                 // split are contiguous (S, M, N)).
                 let (c_off, c_ms, c_bs) = match split {
                     1 => (params.c_off, params.c_ms, params.c_bs),
-                    _ => (0, n as u32, (m * n) as u32),
+                    _ => (0, n as u32, (m_run * n) as u32),
                 };
-                let c_direct = matches!(epilogue, Epilogue::None | Epilogue::Bias(_))
-                    && kernel_types.c == DType::F32
+                let c_direct = matches!(
+                    epilogue,
+                    Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_)
+                ) && kernel_types.c == DType::F32
                     && (split > 1 || params.c_ns == 1)
                     && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4));
 
@@ -432,14 +483,16 @@ impl Tensor {
                         &matmul_coop::MATMUL_COOP,
                         &matmul_coop::MATMUL_COOP_BIAS,
                         &matmul_coop::MATMUL_COOP_BIAS_GELU,
+                        &matmul_coop::MATMUL_COOP_SUMS,
                     ],
-                    matmul_coop::spec(
+                    matmul_coop::spec_ones(
                         tile,
                         kernel_acc,
                         kernel_types,
                         coop,
                         (a_access, b_access),
                         c_direct,
+                        sums.is_some(),
                     ),
                 )
             }
@@ -448,27 +501,32 @@ impl Tensor {
                     &matmul::MATMUL,
                     &matmul::MATMUL_BIAS,
                     &matmul::MATMUL_BIAS_GELU,
+                    &matmul::MATMUL_SUMS,
                 ],
-                matmul::spec(tile, kernel_acc, kernel_types),
+                matmul::spec_ones(tile, kernel_acc, kernel_types, sums.is_some()),
             ),
         };
         let groups = [
             n.div_ceil(bn as usize) as u32,
-            m.div_ceil(bm as usize) as u32,
+            m_run.div_ceil(bm as usize) as u32,
             batch as u32,
         ];
+        let params = MatmulParams {
+            m: m_run as u32,
+            ..params
+        };
         if split > 1 {
             // Ranges a whole number of K steps long (so vector units stay aligned).
             let k_split = k.div_ceil(split).next_multiple_of(bk as usize);
             let splits = k.div_ceil(k_split);
-            let part = Tensor::uninit(dev, &[splits, m, n], DType::F32, OP)?; // (S, M, N)
+            let part = Tensor::uninit(dev, &[splits, m_run, n], DType::F32, OP)?; // (S, M, N)
             let split_params = MatmulParams {
                 batch: splits as u32,
                 k_split: k_split as u32,
                 a_bs: 0,
                 b_bs: 0,
                 c_off: 0,
-                c_bs: (m * n) as u32,
+                c_bs: (m_run * n) as u32,
                 c_ms: n as u32,
                 c_ns: 1,
                 ..params
@@ -481,18 +539,34 @@ impl Tensor {
                 [groups[0], groups[1], splits as u32],
             );
             let sum = matmul::SplitSumParams {
-                m: m as u32,
+                m: m_run as u32,
                 n: n as u32,
                 splits: splits as u32,
                 c_off: params.c_off,
                 c_ms: params.c_ms,
                 c_ns: params.c_ns,
-                bias_off: bias.as_ref().map_or(0, |b| b.layout().offset as u32),
+                bias_off: match (&bias, sums) {
+                    (Some(b), _) => b.layout().offset as u32,
+                    (None, Some(s)) => s.layout().offset as u32,
+                    (None, None) => 0,
+                },
                 _pad: 0,
             };
             let sum_spec = matmul::split_sum_spec(out.dtype(), acc);
-            let grid = dev.grid((m * n).div_ceil(256) as u64);
+            let grid = dev.grid((m_run * n).div_ceil(256) as u64);
             match &bias {
+                None if sums.is_some() => dev.record(
+                    &matmul::MATMUL_SPLIT_SUM_SUMS,
+                    &sum_spec,
+                    &sum,
+                    &[
+                        out.storage(),
+                        part.storage(),
+                        part.storage(),
+                        sums.expect("matched").storage(),
+                    ],
+                    grid,
+                ),
                 None => dev.record(
                     &matmul::MATMUL_SPLIT_SUM,
                     &sum_spec,
@@ -508,6 +582,26 @@ impl Tensor {
                     grid,
                 ),
             }
+            return Ok(out);
+        }
+        if let Some(sums) = sums {
+            let params = MatmulParams {
+                bias_off: sums.layout().offset as u32,
+                ..params
+            };
+            dev.record(
+                kernels[3],
+                &spec,
+                &params,
+                &[
+                    out.storage(),
+                    a.storage(),
+                    b.storage(),
+                    b.storage(),
+                    sums.storage(),
+                ],
+                groups,
+            );
             return Ok(out);
         }
         match bias {
