@@ -263,7 +263,7 @@ fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 }
 
 // C (+)= A @ B with ONES, C's last row (the column sums of B) stored to pre at bias_off instead
-// (unless split: the partials keep it).
+// (unless split: the partials keep it). An entry point of its own: matmul's layout has no `pre`.
 @compute @workgroup_size(WG)
 fn matmul_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let acc = tile_product(wid, lid);

@@ -303,7 +303,9 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 }
 
 // C = A @ B with A_ONES: C's last row (the column sums of B) to pre at bias_off instead
-// (unless split: the partials keep it). That row is never in a tile inside C (M is odd).
+// (unless split: the partials keep it). That row is never in a tile inside C (M is odd). An
+// entry point of its own, as matmul_coop's layout has no `pre` (a shader that names a binding
+// needs it in its layout, even behind a constant that is false).
 @compute @workgroup_size(WG)
 fn matmul_coop_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
