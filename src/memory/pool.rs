@@ -156,13 +156,6 @@ pub struct BufferPool {
 }
 
 impl BufferPool {
-    /// How later requests are served.
-    pub fn set_reuse(&mut self, reuse: Reuse) {
-        self.reuse = reuse;
-    }
-}
-
-impl BufferPool {
     pub fn new(label: &'static str, usage: wgpu::BufferUsages, reuse: Reuse) -> BufferPool {
         BufferPool {
             label,
@@ -173,6 +166,11 @@ impl BufferPool {
             reuse,
             high_water: 0,
         }
+    }
+
+    /// How later requests are served.
+    pub fn set_reuse(&mut self, reuse: Reuse) {
+        self.reuse = reuse;
     }
 
     /// The open Segment was submitted: buffers given back so far are new to the next one.
@@ -201,9 +199,12 @@ impl BufferPool {
                 self.stats.bytes_live + self.stats.bytes_cached + size > self.budget(budget)
             }
         };
-        let pick = self.free.get_mut(&size).and_then(|class| match over {
-            true => class.pop_oldest(),
-            false => class.earlier.pop_first().map(|(_, b)| b),
+        let pick = self.free.get_mut(&size).and_then(|class| {
+            if over {
+                class.pop_oldest()
+            } else {
+                class.earlier.pop_first().map(|(_, b)| b)
+            }
         });
         let buf = match pick {
             Some(buf) => {
