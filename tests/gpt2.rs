@@ -142,6 +142,17 @@ fn a_small_gpt2_learns_a_fixed_batch() -> Result<()> {
     Ok(())
 }
 
+/// A trainer of a 2-layer model (seed 5), constant learning rate 1e-3.
+fn two_layer_trainer(dev: &Device) -> Result<Trainer> {
+    let model = Gpt2::new(dev, config(2), 5)?;
+    Trainer::new(
+        model,
+        AdamWConfig::default(),
+        1e-3,
+        LrSchedule::Constant { warmup: 0 },
+    )
+}
+
 /// Pipelines compile on worker threads: a cold step (every variant new) records on while they
 /// compile, waits for them where it flushes, and gives the same losses, bit for bit, as a
 /// device that compiles each variant where it is recorded; warm steps submit three times.
@@ -153,13 +164,7 @@ fn a_cold_step_compiles_on_workers_with_the_same_result() -> Result<()> {
             ..Default::default()
         })?;
         let (x, y) = batch(&dev, 2, 16, 97)?;
-        let model = Gpt2::new(&dev, config(2), 5)?;
-        let mut t = Trainer::new(
-            model,
-            AdamWConfig::default(),
-            1e-3,
-            LrSchedule::Constant { warmup: 0 },
-        )?;
+        let mut t = two_layer_trainer(&dev)?;
         let (mut losses, mut submits) = (Vec::new(), Vec::new());
         for _ in 0..3 {
             let c0 = dev.counters();
@@ -191,16 +196,7 @@ fn a_cold_step_compiles_on_workers_with_the_same_result() -> Result<()> {
 fn a_training_step_submits_its_first_layers_early() -> Result<()> {
     let dev = private_dev();
     let (x, y) = batch(&dev, 2, 16, 97)?;
-    let trainer = |dev: &Device| -> Result<Trainer> {
-        let model = Gpt2::new(dev, config(2), 5)?;
-        Trainer::new(
-            model,
-            AdamWConfig::default(),
-            1e-3,
-            LrSchedule::Constant { warmup: 0 },
-        )
-    };
-    let mut t = trainer(&dev)?;
+    let mut t = two_layer_trainer(&dev)?;
     t.step(&[(x.clone(), y.clone())])?.item()?;
     dev.sync()?;
     let c0 = dev.counters();
@@ -235,13 +231,7 @@ fn training_steps_write_new_buffers_beside_earlier_work() -> Result<()> {
     let run = |reuse: Option<Reuse>| -> Result<(Vec<f32>, Vec<u64>, Vec<u64>)> {
         let dev = private_dev();
         let (x, y) = batch(&dev, 2, 16, 97)?;
-        let model = Gpt2::new(&dev, config(2), 5)?;
-        let mut t = Trainer::new(
-            model,
-            AdamWConfig::default(),
-            1e-3,
-            LrSchedule::Constant { warmup: 0 },
-        )?;
+        let mut t = two_layer_trainer(&dev)?;
         if let Some(reuse) = reuse {
             dev.set_pool_reuse(reuse);
         }

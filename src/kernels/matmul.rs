@@ -53,17 +53,21 @@ pub static MATMUL_BIAS: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
+/// The bindings of a product with a second output: C, A, B, the bias (read), and the
+/// pre-activation or the column sums (written).
+pub(crate) const C_A_B_BIAS_OUT: &[Access] = &[
+    Access::ReadWrite,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+    Access::ReadWrite,
+];
+
 /// C = gelu(A B + bias), saving the pre-activation.
 pub static MATMUL_BIAS_GELU: KernelDesc = KernelDesc {
     name: "matmul_bias_gelu",
     family: &FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-    ],
+    storage: C_A_B_BIAS_OUT,
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
@@ -94,13 +98,7 @@ pub struct SplitSumParams {
 pub static MATMUL_SUMS: KernelDesc = KernelDesc {
     name: "matmul_sums",
     family: &FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-    ],
+    storage: C_A_B_BIAS_OUT,
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 

@@ -8,7 +8,7 @@
 //! which dim and whether a unit is one aligned 16-byte load (the fast path, checked here against
 //! the operand's strides and its buffer) or a gather of 8 elements.
 
-use super::matmul::{MatmulParams, Types, STEP_TYPES};
+use super::matmul::{MatmulParams, Types, C_A_B_BIAS_OUT, STEP_TYPES};
 use super::{Access, DType, Family, KernelDesc, Spec};
 
 pub static FAMILY: Family = Family {
@@ -42,13 +42,7 @@ pub static MATMUL_COOP_BIAS: KernelDesc = KernelDesc {
 pub static MATMUL_COOP_SUMS: KernelDesc = KernelDesc {
     name: "matmul_coop_sums",
     family: &FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-    ],
+    storage: C_A_B_BIAS_OUT,
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
@@ -56,13 +50,7 @@ pub static MATMUL_COOP_SUMS: KernelDesc = KernelDesc {
 pub static MATMUL_COOP_BIAS_GELU: KernelDesc = KernelDesc {
     name: "matmul_coop_bias_gelu",
     family: &FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-    ],
+    storage: C_A_B_BIAS_OUT,
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
