@@ -9,7 +9,6 @@ use std::path::PathBuf;
 
 use crate::error::Result;
 use crate::graph::{DType, Device, Tensor};
-use crate::kernels::matmul::SPLIT_MIN_K;
 use crate::kernels::tuning::{self, ProductKey, TileChoice};
 use crate::ops::matmul::max_splits;
 use crate::ops::matmul::Epilogue;
@@ -17,8 +16,13 @@ use crate::ops::{autocast, candidate_tiles, heuristic_tile, Out};
 use crate::profile::ceilings::{gpu_ms, warm_up};
 
 /// The numbers of K ranges a search tries on a product that may split K (each range at least
-/// `SPLIT_MIN_K` long).
-pub const SPLITS: [u32; 8] = [1, 2, 3, 4, 5, 6, 8, 12];
+/// `SEARCH_MIN_K` long).
+pub const SPLITS: [u32; 9] = [1, 2, 3, 4, 5, 6, 8, 12, 16];
+
+/// The shortest range of K a search times: half the heuristic's `SPLIT_MIN_K`, as the 512-row
+/// dW products of a 4 x 128 step then split in 3 (H200, 2026-11-25: searched again with 128
+/// and 16 ranges at most, the step's GPU work 5.01 -> 4.96 ms).
+pub const SEARCH_MIN_K: usize = 128;
 
 /// Milliseconds of arithmetic a step's search runs before its first product.
 const FIRST_WARM_MS: f64 = 500.0;
@@ -200,7 +204,7 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
         .map(|tile| time(tile, None))
         .collect::<Result<Vec<_>>>()?;
     // Plain and bias products of batch 1 may split K (a GELU product may not): the
-    // `SPLIT_TILES` fastest tiles in each number of ranges (each at least SPLIT_MIN_K long,
+    // `SPLIT_TILES` fastest tiles in each number of ranges (each at least SEARCH_MIN_K long,
     // their partial products within one storage binding). The tile that wins whole may lose
     // split: the LM head's dX (4096 x 768 x 50257, H200) ran 2.29 ms on the fastest whole tile
     // in 4 ranges, 2.02 on another in 8.
@@ -210,7 +214,7 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
         let most = max_splits(device, key.m as usize, key.n as usize);
         for tile in whole.iter().take(SPLIT_TILES).map(|m| m.tile) {
             for split in SPLITS {
-                let long = key.k as usize / split as usize >= SPLIT_MIN_K;
+                let long = key.k as usize / split as usize >= SEARCH_MIN_K;
                 if split == 1 || (long && split as usize <= most) {
                     measured.push(time(tile, Some(split))?);
                 }

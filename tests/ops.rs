@@ -2258,16 +2258,22 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
             "{}: the winner is in the table",
             s.key.describe()
         );
-        // Splits are measured for plain and bias products (K = 512: one range or two).
+        // Splits are measured for plain and bias products (K = 512: one range, and those of
+        // ranges at least SEARCH_MIN_K long).
         let splits: Vec<_> = s.measured.iter().filter_map(|m| m.split).collect();
+        let ranges: Vec<u32> = wgrad::tune::SPLITS
+            .into_iter()
+            .filter(|&n| n == 1 || rows / n as usize >= wgrad::tune::SEARCH_MIN_K)
+            .collect();
+        assert_eq!(ranges, [1, 2, 3, 4]);
         if s.key.gelu {
             assert!(splits.is_empty(), "{}", s.key.describe());
         } else if s.key.k as usize == rows {
-            // One range and two, for each of the fastest whole-K tiles.
+            // Each of those numbers of ranges, for each of the fastest whole-K tiles.
             let mut whole: Vec<_> = s.measured.iter().filter(|m| m.split.is_none()).collect();
             whole.sort_by(|a, b| a.ms.total_cmp(&b.ms));
             let tries = wgrad::tune::SPLIT_TILES.min(whole.len());
-            assert_eq!(splits, [1, 2].repeat(tries), "{}", s.key.describe());
+            assert_eq!(splits, ranges.repeat(tries), "{}", s.key.describe());
             let split_tiles: Vec<_> = s
                 .measured
                 .iter()
@@ -2277,7 +2283,7 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
             for w in &whole[..tries] {
                 assert_eq!(
                     split_tiles.iter().filter(|&&t| t == w.tile).count(),
-                    2,
+                    ranges.len(),
                     "{}: {} is among the fastest whole, so it is tried split",
                     s.key.describe(),
                     w.tile.name()

@@ -141,6 +141,20 @@ pub const SPLIT_MIN_K: usize = 256;
 /// Ranges at most.
 pub const SPLIT_MAX: usize = 16;
 
+/// The most ranges of K a product splits into, measured or not: `WGRAD_SPLIT_MAX=N` (a
+/// measurement switch, to time a step's products split less than the search chose in
+/// isolation; 1: none split); unbounded by default.
+pub fn split_cap() -> usize {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CAP.get_or_init(|| {
+        std::env::var("WGRAD_SPLIT_MAX")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(usize::MAX)
+            .max(1)
+    })
+}
+
 /// The ranges to split K into for a product of `tiles` workgroups (a plain or bias product:
 /// the bias is added by the split sum): a power of two that brings
 /// the workgroups to `SPLIT_TARGET_GROUPS` (`WGRAD_SPLIT_TARGET` overrides it, a measurement

@@ -434,6 +434,7 @@ impl Tensor {
                     None => matmul::split_k(tiles, k),
                 }
                 .min(max_splits(dev, m_run, n))
+                .min(matmul::split_cap())
             }
             _ => 1,
         };
