@@ -19,9 +19,10 @@ use crate::profile::ceilings::{gpu_ms, warm_up};
 /// `SEARCH_MIN_K` long).
 pub const SPLITS: [u32; 9] = [1, 2, 3, 4, 5, 6, 8, 12, 16];
 
-/// The shortest range of K a search times: half the heuristic's `SPLIT_MIN_K`, as the 512-row
-/// dW products of a 4 x 128 step then split in 3 (H200, 2026-11-25: searched again with 128
-/// and 16 ranges at most, the step's GPU work 5.01 -> 4.96 ms).
+/// The shortest range of K a search times: half the heuristic's `SPLIT_MIN_K`, so that a
+/// 512-row dW product may split in 3 or 4 (H200, 2026-11-25: the 4 x 128 step searched again
+/// with 128 and 16 ranges at most chose 3 for the attention projection's dW and 16 for the LM
+/// head's dX; its GPU work 5.01 -> 4.96 ms).
 pub const SEARCH_MIN_K: usize = 128;
 
 /// Milliseconds of arithmetic a step's search runs before its first product.

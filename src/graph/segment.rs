@@ -197,7 +197,7 @@ pub struct Barriers {
 
 /// Buffer ids are unique and handed out in order: a multiply spreads them over the table.
 #[derive(Default)]
-pub struct IdHasher(u64);
+struct IdHasher(u64);
 
 impl std::hash::Hasher for IdHasher {
     fn finish(&self) -> u64 {

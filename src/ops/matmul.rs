@@ -202,6 +202,22 @@ impl Tensor {
         self.matmul_epilogue_into(other, Epilogue::None, out, DType::F32)
     }
 
+    /// `Epilogue::BColumnSums` where the kernel cannot extend A: the column sums of `other` into
+    /// `sums` by a reduction, then the plain product into `out`; both added into (`acc`) or
+    /// written.
+    fn product_and_reduced_sums(
+        &self,
+        other: &Tensor,
+        sums: &Tensor,
+        (out, acc): (&Tensor, bool),
+        out_dtype: DType,
+    ) -> Result<Tensor> {
+        let target = |t| if acc { Out::Acc(t) } else { Out::Write(t) };
+        let n = other.shape()[other.rank() - 1];
+        other.detach().sum_to_shape_into(&[n], target(sums))?;
+        self.matmul_epilogue_into(other, Epilogue::None, target(out), out_dtype)
+    }
+
     /// The product with `epilogue` applied inside the matmul kernel, written per `out` (a new
     /// output has element type `new_dtype`, f32 or f16: the cast is the kernel's store).
     pub(crate) fn matmul_epilogue_into(
@@ -283,19 +299,8 @@ impl Tensor {
         let (out, acc) =
             out.resolve_typed(OP, self.device(), &out_shape, &[self, other], out_dtype)?;
         if let (Epilogue::BColumnSums(sums), true) = (epilogue, out.numel() == 0 || k == 0) {
-            // Nothing to extend: the sums by a reduction (zeros over no rows), then the product.
-            let target = if acc {
-                Out::Acc(sums)
-            } else {
-                Out::Write(sums)
-            };
-            other.detach().sum_to_shape_into(&[n], target)?;
-            let target = if acc {
-                Out::Acc(&out)
-            } else {
-                Out::Write(&out)
-            };
-            return self.matmul_epilogue_into(other, Epilogue::None, target, out_dtype);
+            // Nothing to extend (zeros over no rows).
+            return self.product_and_reduced_sums(other, sums, (&out, acc), out_dtype);
         }
         if out.numel() == 0 {
             return Ok(out);
@@ -397,9 +402,7 @@ impl Tensor {
         let choice = choose_kernel(dev, &key);
         if let Some(sums) = sums {
             if batch != 1 || (matches!(choice, Choice::Coop(..)) && !m.is_multiple_of(8)) {
-                let target = |t| if acc { Out::Acc(t) } else { Out::Write(t) };
-                other.detach().sum_to_shape_into(&[n], target(sums))?;
-                return self.matmul_epilogue_into(other, Epilogue::None, target(&out), out_dtype);
+                return self.product_and_reduced_sums(other, sums, (&out, acc), out_dtype);
             }
         }
         // With column sums the kernels run one more row of A (ones) and of C (the sums).
