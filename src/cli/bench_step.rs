@@ -68,6 +68,8 @@ struct Report {
     /// Dispatches encoded behind a pipeline barrier, which waits for all the compute work
     /// before it (the others may run beside the dispatches before them).
     barriers_per_step: f64,
+    /// How the CPU waited for the GPU: `spin` or `block` (`WGRAD_WAIT`).
+    wait: String,
     loss_first: f32,
     loss_last: f32,
     /// --amp: the loss scale after the last step, and the steps skipped on an overflow.
@@ -180,6 +182,7 @@ pub fn run(args: &Args) -> Result<()> {
         buffers_created_per_step: created as f64 / n,
         dispatches_per_step: dispatches as f64 / n,
         barriers_per_step: barriers as f64 / n,
+        wait: format!("{:?}", dev.wait_mode()).to_lowercase(),
         loss_first: losses[0],
         loss_last: *losses.last().expect("steps ran"),
         loss_scale: scale.map(|s| s.scale),
@@ -225,6 +228,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
         println!("dispatches per step  {:>10.1}", report.dispatches_per_step);
         println!("barriers per step    {:>10.1}", report.barriers_per_step);
+        println!("waiting on the GPU   {:>10}", report.wait);
         println!(
             "loss                 {:>10.4} -> {:.4}",
             report.loss_first, report.loss_last

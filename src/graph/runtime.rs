@@ -29,6 +29,35 @@ pub struct Device {
 struct Runtime {
     gpu: Gpu,
     state: Mutex<State>,
+    wait: WaitMode,
+}
+
+/// How the CPU waits for the GPU (`sync`, read-backs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitMode {
+    /// The thread sleeps in the driver until the GPU signals (`PollType::Wait`); waking it
+    /// takes the operating system's time.
+    Block,
+    /// The thread polls the GPU's progress without sleeping, for at most `SPIN_LIMIT`, then
+    /// blocks: it sees the end of the work at once, and keeps a core busy meanwhile (as
+    /// CUDA's default synchronization does with cores to spare).
+    Spin,
+}
+
+/// Spinning past this long blocks instead (a long step gains nothing from a busy core).
+const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+impl WaitMode {
+    /// `WGRAD_WAIT=spin|block`, else `Spin` on a GPU and `Block` on a CPU adapter, whose
+    /// work runs on the cores a spinning thread would take.
+    fn for_adapter(info: &wgpu::AdapterInfo) -> WaitMode {
+        match std::env::var("WGRAD_WAIT").as_deref() {
+            Ok("spin") => WaitMode::Spin,
+            Ok("block") => WaitMode::Block,
+            _ if info.device_type == wgpu::DeviceType::Cpu => WaitMode::Block,
+            _ => WaitMode::Spin,
+        }
+    }
 }
 
 struct State {
@@ -170,10 +199,12 @@ impl Device {
             forced_split: None,
             product_log: None,
         };
+        let wait = WaitMode::for_adapter(&gpu.info);
         Ok(Device {
             rt: Arc::new(Runtime {
                 gpu,
                 state: Mutex::new(state),
+                wait,
             }),
         })
     }
@@ -384,18 +415,43 @@ impl Device {
 
     /// Flushes and waits until the GPU has finished all submitted work.
     pub fn sync(&self) -> Result<()> {
-        self.flush();
+        let idx = self.flush_locked(&mut self.state());
         let start = std::time::Instant::now();
-        self.rt
-            .gpu
-            .device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
+        self.wait_for(idx, wgpu::PollStatus::is_queue_empty)
             .map_err(|e| Error::Device(e.to_string()))?;
         self.state().counters.wait_ns += start.elapsed().as_nanos() as u64;
         Ok(())
+    }
+
+    /// How this device waits for the GPU.
+    pub fn wait_mode(&self) -> WaitMode {
+        self.rt.wait
+    }
+
+    /// Waits until the GPU has finished submission `idx` (`None`: all submitted work). A
+    /// spinning wait ends when `done` says what was waited for has happened, given what a
+    /// poll returned (an empty queue; or a map callback, which fires within a poll).
+    fn wait_for(
+        &self,
+        idx: Option<wgpu::SubmissionIndex>,
+        done: impl Fn(&wgpu::PollStatus) -> bool,
+    ) -> std::result::Result<(), wgpu::PollError> {
+        let device = &self.rt.gpu.device;
+        if self.rt.wait == WaitMode::Spin {
+            let start = std::time::Instant::now();
+            while start.elapsed() < SPIN_LIMIT {
+                if done(&device.poll(wgpu::PollType::Poll)?) {
+                    return Ok(());
+                }
+                std::hint::spin_loop();
+            }
+        }
+        device
+            .poll(wgpu::PollType::Wait {
+                submission_index: idx,
+                timeout: None,
+            })
+            .map(drop)
     }
 
     fn flush_locked(&self, s: &mut State) -> Option<wgpu::SubmissionIndex> {
@@ -434,6 +490,7 @@ impl Device {
             st.uploads_gpu
                 .upload(&gpu.device, &gpu.queue, &segment.uploads)
         };
+        st.counters.arena_write_ns += start.elapsed().as_nanos() as u64;
         let cmd = encode(
             &segment,
             EncodeTargets {
@@ -447,7 +504,8 @@ impl Device {
                 barriers: &mut st.barriers,
             },
         );
-        let idx = gpu.queue.submit([cmd]);
+        // A span: the profiler's trace shows when each submit left the CPU.
+        let idx = tracing::info_span!("queue.submit").in_scope(|| gpu.queue.submit([cmd]));
         st.pool.next_segment();
         st.counters.submits += 1;
         st.counters.encode_submit_ns += start.elapsed().as_nanos() as u64;
@@ -613,15 +671,16 @@ impl Device {
         let wait_start = std::time::Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
         let slice = staging.buffer.slice(0..size);
+        let mapped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = mapped.clone();
         slice.map_async(wgpu::MapMode::Read, move |r| {
+            flag.store(true, std::sync::atomic::Ordering::Release);
             let _ = tx.send(r);
         });
-        gpu.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(idx),
-                timeout: None,
-            })
-            .map_err(|e| Error::ReadBack(e.to_string()))?;
+        self.wait_for(Some(idx), |_| {
+            mapped.load(std::sync::atomic::Ordering::Acquire)
+        })
+        .map_err(|e| Error::ReadBack(e.to_string()))?;
         rx.recv()
             .map_err(|e| Error::ReadBack(e.to_string()))?
             .map_err(|e| Error::ReadBack(e.to_string()))?;

@@ -101,6 +101,8 @@ pub struct Counters {
     pub bytes_read_back: u64,
     /// CPU nanoseconds spent encoding and submitting flushes.
     pub encode_submit_ns: u64,
+    /// Of `encode_submit_ns`: writing the parameter and upload arenas (`queue.write_buffer`).
+    pub arena_write_ns: u64,
     /// Nanoseconds spent blocked on the GPU (read-backs, `sync`).
     pub wait_ns: u64,
     /// Nanoseconds flushes waited for pipelines still compiling (cold steps only).
@@ -124,6 +126,7 @@ impl std::ops::Sub for Counters {
             read_backs: self.read_backs - o.read_backs,
             bytes_read_back: self.bytes_read_back - o.bytes_read_back,
             encode_submit_ns: self.encode_submit_ns - o.encode_submit_ns,
+            arena_write_ns: self.arena_write_ns - o.arena_write_ns,
             wait_ns: self.wait_ns - o.wait_ns,
             compile_wait_ns: self.compile_wait_ns - o.compile_wait_ns,
         }

@@ -218,6 +218,10 @@ pub(super) fn build(
         ms: per(&|s| s.counters.encode_submit_ns as f64 * 1e-6),
     });
     phases.push(PhaseRow {
+        phase: "encode+submit: arena writes".into(),
+        ms: per(&|s| s.counters.arena_write_ns as f64 * 1e-6),
+    });
+    phases.push(PhaseRow {
         phase: "waiting on the GPU".into(),
         ms: per(&|s| s.counters.wait_ns as f64 * 1e-6),
     });
@@ -353,9 +357,9 @@ impl ProfileReport {
                 "(each dispatch's variant is in --json's `dispatches` and the --trace events)"
             );
         }
-        let _ = writeln!(s, "\n{:<26} {:>10}", "CPU phase", "ms/step");
+        let _ = writeln!(s, "\n{:<30} {:>10}", "CPU phase", "ms/step");
         for p in &self.phases {
-            let _ = writeln!(s, "{:<26} {:>10.3}", p.phase, p.ms);
+            let _ = writeln!(s, "{:<30} {:>10.3}", p.phase, p.ms);
         }
         let _ = writeln!(s, "\nper step:");
         let rows: [(&str, String); 13] = [
