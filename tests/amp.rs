@@ -109,20 +109,52 @@ fn f16_copies_follow_the_optimizer_and_no_cast_runs_in_a_step() -> Result<()> {
     let mut plain = trainer(&dev, false)?;
     let mut amp = trainer(&dev, true)?;
     let mut counts = Vec::new();
+    let mut kernels = Vec::new();
+    let timed = dev.set_gpu_timing(true) == Some(wgrad::graph::TimingMode::PerDispatch);
     for t in [&mut plain, &mut amp] {
         t.step(std::slice::from_ref(&b))?.item()?;
+        let _ = dev.take_gpu_intervals()?;
         let before = dev.counters().dispatches;
         t.step(std::slice::from_ref(&b))?.item()?;
         counts.push(dev.counters().dispatches - before);
+        let labels: Vec<&str> = dev.take_gpu_intervals()?.iter().map(|i| i.label).collect();
+        kernels.push(labels);
     }
-    // The same kernels but the loss scale's update (the norm runs for clipping in both). The
-    // linears whose output has 3 K columns or more read f16 inputs, but each of those inputs
-    // is a LayerNorm's output (ln_1 before the attention's qkv, 3 x 32 of 32; ln_2 before the
-    // MLP's first, 128 of 32; ln_f before the LM head), which the LayerNorm kernel stores as
-    // f16 itself: no cast kernel.
+    dev.set_gpu_timing(false);
+    // The same kernels but the loss scale's update (the norm runs for clipping in both) and,
+    // where the cooperative-matrix kernel stores a residual linear's tiles straight to C, the
+    // residual's add (a second dispatch: `Epilogue::BiasResidual`; the f32 kernel adds it in
+    // its epilogue). The linears whose output has 3 K columns or more read f16 inputs, but
+    // each of those inputs is a LayerNorm's output (ln_1 before the attention's qkv, 3 x 32 of
+    // 32; ln_2 before the MLP's first, 128 of 32; ln_f before the LM head), which the
+    // LayerNorm kernel stores as f16 itself: no cast kernel.
+    let count = |k: &[&str], name: &str| k.iter().filter(|&&l| l == name).count() as i64;
+    let adds = if timed {
+        for k in ["cast", "convert"] {
+            assert!(
+                !kernels[1].contains(&k),
+                "a {k} kernel in the amp step: {:?}",
+                kernels[1]
+            );
+        }
+        assert_eq!(count(&kernels[1], "loss_scale_update"), 1);
+        // Residual adds are copies into the product (`unary`), as is the loss scale's seed
+        // of the gradients, where the f32 step fills them.
+        let unary = count(&kernels[1], "unary") - count(&kernels[0], "unary");
+        let adds = unary - (count(&kernels[0], "fill") - count(&kernels[1], "fill"));
+        // At most the two residual linears of each block.
+        let most = 2 * config().n_layer as i64;
+        assert!(
+            (0..=most).contains(&adds),
+            "{adds} residual adds: {kernels:?}"
+        );
+        adds
+    } else {
+        0
+    };
     assert_eq!(
         counts[1],
-        counts[0] + 1,
+        (counts[0] as i64 + 1 + adds) as u64,
         "dispatches per step, f32 then amp: {counts:?}"
     );
     for (name, p) in amp.model.params.iter() {

@@ -381,3 +381,131 @@ fn a_bias_gradient_from_the_dw_product_matches_f64() -> Result<()> {
     }
     Ok(())
 }
+
+/// residual + (x W + b) with the add in the product's epilogue (one dispatch; two split into
+/// ranges of K, the split sum adding bias and residual; two where the cooperative-matrix
+/// kernel stores its tiles straight to C), in f32 and under autocast, against
+/// f64 at odd shapes with leading dims and the residual a view at an offset; its gradients:
+/// the residual's is the seed itself, x's, W's and b's those of the linear. A residual that
+/// is not a contiguous f32 tensor of the output's shape is added by a second dispatch.
+#[test]
+fn a_residual_linear_matches_f64() -> Result<()> {
+    use wgrad::ops::autocast;
+    let d = &private_dev();
+    let mut r = rng("linear residual");
+    let coop = wgrad::kernels::matmul_coop::Coop::available(d.gpu()).is_some();
+    let halves: &[bool] = if d.gpu().has(wgrad::wgpu::Features::SHADER_F16) {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let round = |v: &[f32], half: bool| -> Vec<f64> {
+        v.iter()
+            .map(|&x| match half {
+                true => half::f16::from_f32(x).to_f32() as f64,
+                false => x as f64,
+            })
+            .collect()
+    };
+    for (lead, rows, k, n) in [
+        (vec![], 1, 37, 29),
+        (vec![2], 65, 96, 40),
+        (vec![3], 43, 768, 64),
+    ] {
+        let all = lead.iter().product::<usize>() * rows;
+        let mut x_shape = lead.clone();
+        x_shape.extend([rows, k]);
+        let mut y_shape = lead.clone();
+        y_shape.extend([rows, n]);
+        let xs = rand_vec(&mut r, all * k, -1.0, 1.0);
+        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+        let bs = rand_vec(&mut r, n, -0.5, 0.5);
+        // The residual sits after 5 elements of another tensor in its buffer.
+        let rs = rand_vec(&mut r, 5 + all * n, -2.0, 2.0);
+        let gs = rand_vec(&mut r, all * n, -1.0, 1.0);
+        for &half in halves {
+            let (x64, w64) = (round(&xs, half), round(&ws, half));
+            let g64 = round(&gs, false);
+            let mut want_y = vec![0.0; all * n];
+            let mut want_dx = vec![0.0; all * k];
+            let mut want_dw = vec![0.0; k * n];
+            let mut want_db = vec![0.0; n];
+            // Under autocast the backward products round the seed to f16 as well.
+            let gh = round(&gs, half);
+            for row in 0..all {
+                for j in 0..n {
+                    let dot: f64 = (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
+                    want_y[row * n + j] = dot + bs[j] as f64 + rs[5 + row * n + j] as f64;
+                    want_db[j] += g64[row * n + j];
+                    for i in 0..k {
+                        want_dx[row * k + i] += gh[row * n + j] * w64[i * n + j];
+                        want_dw[i * n + j] += x64[row * k + i] * gh[row * n + j];
+                    }
+                }
+            }
+            for split in [1, 3] {
+                d.force_split(Some(split));
+                let what = format!(
+                    "{y_shape:?} from K = {k} in {split} ranges{}",
+                    if half { ", autocast" } else { "" }
+                );
+                let x = Tensor::from_slice(d, &xs, &x_shape)?.requires_grad();
+                let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
+                let b = Tensor::from_slice(d, &bs, &[n])?.requires_grad();
+                let base = Tensor::from_slice(d, &rs, &[5 + all * n])?.requires_grad();
+                let res = base.narrow(0, 5, all * n)?.reshape(&y_shape)?;
+                poison(d, all * n);
+                d.sync()?;
+                let before = d.counters().dispatches;
+                let y = autocast(half, || x.linear_residual(&w, &b, &res))?;
+                d.sync()?;
+                // Unsplit into tiles the cooperative-matrix kernel stores straight from its
+                // accumulators (f32 rows on 16 bytes), the residual is a second dispatch.
+                let direct = half && coop && n % 4 == 0;
+                let want = if split > 1 || direct { 2 } else { 1 };
+                assert_eq!(d.counters().dispatches - before, want, "{what}");
+                assert_eq!(y.shape(), y_shape.as_slice(), "{what}");
+                let tol = if half { 2e-3 } else { 1e-4 };
+                assert_close(&y.to_vec()?, &want_y, tol, &format!("y, {what}"));
+                y.backward_with(&Tensor::from_slice(d, &gs, &y_shape)?)?;
+                let got = grads(&[x, w, b, base])?;
+                assert_close(&got[0], &want_dx, tol, &format!("dx, {what}"));
+                assert_close(&got[1], &want_dw, tol, &format!("dW, {what}"));
+                assert_close(&got[2], &want_db, tol, &format!("db, {what}"));
+                assert_eq!(&got[3][..5], &[0.0; 5], "{what}: before the residual");
+                assert_eq!(
+                    &got[3][5..],
+                    gs.as_slice(),
+                    "{what}: the residual's gradient"
+                );
+            }
+            d.force_split(None);
+        }
+    }
+    // A residual that is not contiguous: the linear, then an add.
+    let (rows, k, n) = (6, 8, 5);
+    let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+    let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+    let bs = rand_vec(&mut r, n, -0.5, 0.5);
+    let rs = rand_vec(&mut r, rows * n, -2.0, 2.0);
+    let x = Tensor::from_slice(d, &xs, &[rows, k])?;
+    let w = Tensor::from_slice(d, &ws, &[k, n])?;
+    let b = Tensor::from_slice(d, &bs, &[n])?;
+    let res = Tensor::from_slice(d, &rs, &[n, rows])?.t()?;
+    d.sync()?;
+    let before = d.counters().dispatches;
+    let y = x.linear_residual(&w, &b, &res)?;
+    d.sync()?;
+    assert_eq!(d.counters().dispatches - before, 2, "a transposed residual");
+    let want: Vec<f64> = (0..rows * n)
+        .map(|e| {
+            let (i, j) = (e / n, e % n);
+            let dot: f64 = (0..k)
+                .map(|l| xs[i * k + l] as f64 * ws[l * n + j] as f64)
+                .sum();
+            dot + bs[j] as f64 + rs[j * rows + i] as f64
+        })
+        .collect();
+    assert_close(&y.to_vec()?, &want, 1e-4, "a transposed residual");
+    Ok(())
+}

@@ -43,7 +43,7 @@ struct Params {
     c_ns: u32,
     bias_off: u32,
     k_split: u32,
-    _pad1: u32,
+    res_off: u32,
     _pad2: u32,
 }
 
@@ -237,6 +237,23 @@ fn matmul_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             if (gm < p.m && gn < p.n) {
                 let z = acc[i * TN + j] + bias[p.bias_off + gn];
                 store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, z);
+            }
+        }
+    }
+}
+
+// C = A @ B + bias + R, with R (the residual a block adds the product to: contiguous (M, N) f32,
+// batch 1) read through `pre` from res_off.
+@compute @workgroup_size(WG)
+fn matmul_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let acc = tile_product(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let z = acc[i * TN + j] + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn];
+                store_c(p.c_off + gm * p.c_ms + gn * p.c_ns, z);
             }
         }
     }

@@ -59,7 +59,7 @@ struct Params {
     c_ns: u32,
     bias_off: u32,
     k_split: u32,
-    _pad1: u32,
+    res_off: u32,
     _pad2: u32,
 }
 
@@ -296,6 +296,28 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
             if (gm < p.m && gn < p.n) {
                 let z = c_sh[sg * FE + e] + bias[p.bias_off + gn];
                 store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, z);
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
+// C = A @ B + bias + R, with R (the residual a block adds the product to: contiguous (M, N) f32,
+// batch 1) read through `pre` from res_off; through the scratch tile (no direct stores).
+@compute @workgroup_size(WG)
+fn matmul_coop_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+               @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    zero_acc();
+    product(wid, lid, sg);
+    for (var f = 0u; f < FRAGS; f++) {
+        spill(f, sg);
+        workgroupBarrier();
+        for (var e = lane; e < FE; e += SGS) {
+            let gm = frag_row(wid, sg, f, e);
+            let gn = frag_col(wid, sg, f, e);
+            if (gm < p.m && gn < p.n) {
+                let z = c_sh[sg * FE + e] + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn];
+                store_c(p.c_off + gm * p.c_ms + gn * p.c_ns, z);
             }
         }
         workgroupBarrier();

@@ -17,7 +17,7 @@ struct Params {
     c_ms: u32,
     c_ns: u32,
     bias_off: u32,
-    _pad0: u32,
+    res_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -70,6 +70,18 @@ fn matmul_split_sum_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         return;
     }
     store_c(e, partial_sum(e) + bias[p.bias_off + e % p.n]);
+}
+
+// C = the sum + bias + R, with R (the residual a block adds the product to: contiguous (M, N)
+// f32) read through `sums` from res_off.
+@compute @workgroup_size(WG)
+fn matmul_split_sum_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                             @builtin(local_invocation_index) lid: u32) {
+    let e = element(wid, nwg, lid);
+    if (e >= p.m * p.n) {
+        return;
+    }
+    store_c(e, partial_sum(e) + bias[p.bias_off + e % p.n] + sums[p.res_off + e]);
 }
 
 // C (+)= the sum, its last row to sums (bias_off) instead.

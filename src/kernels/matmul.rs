@@ -35,7 +35,9 @@ pub struct MatmulParams {
     pub bias_off: u32,
     /// Split-K: the length of each workgroup's range of K (0: none; see `k_range` in the WGSL).
     pub k_split: u32,
-    pub _pad: [u32; 2],
+    /// Where the residual starts (`matmul_bias_res`, `matmul_coop_bias_res`).
+    pub res_off: u32,
+    pub _pad: u32,
 }
 
 pub static MATMUL: KernelDesc = KernelDesc {
@@ -63,6 +65,15 @@ pub(crate) const C_A_B_BIAS_OUT: &[Access] = &[
     Access::ReadWrite,
 ];
 
+/// C = A B + bias + R: a linear whose output a block adds to its residual stream R (the fifth
+/// binding, only read; bound read-write as the shader's `pre`).
+pub static MATMUL_BIAS_RES: KernelDesc = KernelDesc {
+    name: "matmul_bias_res",
+    family: &FAMILY,
+    storage: C_A_B_BIAS_OUT,
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
 /// C = gelu(A B + bias), saving the pre-activation.
 pub static MATMUL_BIAS_GELU: KernelDesc = KernelDesc {
     name: "matmul_bias_gelu",
@@ -89,7 +100,8 @@ pub struct SplitSumParams {
     pub c_ns: u32,
     /// Where the bias starts (`matmul_split_sum_bias`).
     pub bias_off: u32,
-    pub _pad: u32,
+    /// Where the residual starts (`matmul_split_sum_bias_res`).
+    pub res_off: u32,
 }
 
 /// C (+)= the sum of the split-K partial products (S, M, N).
@@ -114,6 +126,20 @@ pub static MATMUL_SPLIT_SUM_BIAS: KernelDesc = KernelDesc {
     name: "matmul_split_sum_bias",
     family: &SPLIT_FAMILY,
     storage: &[Access::ReadWrite, Access::Read, Access::Read],
+    params_size: std::mem::size_of::<SplitSumParams>() as u64,
+};
+
+/// C = the sum of the split-K partial products (S, M, N) + bias + R (the fourth binding, only
+/// read; bound read-write as the shader's `sums`): a residual linear's epilogue.
+pub static MATMUL_SPLIT_SUM_BIAS_RES: KernelDesc = KernelDesc {
+    name: "matmul_split_sum_bias_res",
+    family: &SPLIT_FAMILY,
+    storage: &[
+        Access::ReadWrite,
+        Access::Read,
+        Access::Read,
+        Access::ReadWrite,
+    ],
     params_size: std::mem::size_of::<SplitSumParams>() as u64,
 };
 
@@ -386,6 +412,7 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
         for acc in [false, true] {
             v.push((&MATMUL_SPLIT_SUM, split_sum_spec(c, acc)));
             v.push((&MATMUL_SPLIT_SUM_BIAS, split_sum_spec(c, acc)));
+            v.push((&MATMUL_SPLIT_SUM_BIAS_RES, split_sum_spec(c, acc)));
         }
     }
     let mut types = vec![Types::F32];
@@ -398,6 +425,7 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
                 v.push((&MATMUL, spec(t, acc, ty)));
                 v.push((&MATMUL_BIAS, spec(t, acc, ty)));
                 v.push((&MATMUL_BIAS_GELU, spec(t, acc, ty)));
+                v.push((&MATMUL_BIAS_RES, spec(t, acc, ty)));
             }
         }
     }

@@ -46,6 +46,14 @@ pub static MATMUL_COOP_SUMS: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
+/// C = A B + bias + R (the fifth binding, only read; see `matmul::MATMUL_BIAS_RES`).
+pub static MATMUL_COOP_BIAS_RES: KernelDesc = KernelDesc {
+    name: "matmul_coop_bias_res",
+    family: &FAMILY,
+    storage: C_A_B_BIAS_OUT,
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
 /// C = gelu(A B + bias), saving the pre-activation.
 pub static MATMUL_COOP_BIAS_GELU: KernelDesc = KernelDesc {
     name: "matmul_coop_bias_gelu",
@@ -791,7 +799,12 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
             for acc in [false, true] {
                 for &a in &a_ways {
                     for &b in &b_ways {
-                        for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
+                        for kernel in [
+                            &MATMUL_COOP,
+                            &MATMUL_COOP_BIAS,
+                            &MATMUL_COOP_BIAS_GELU,
+                            &MATMUL_COOP_BIAS_RES,
+                        ] {
                             v.push((kernel, spec(t, acc, ty, coop, (a, b), false)));
                         }
                     }

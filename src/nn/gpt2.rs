@@ -261,13 +261,7 @@ impl Gpt2 {
                     .reshape(&[b, t, c])?
             }
         }; // (B, T, C)
-        let y = self.linear(
-            &y,
-            w("attn.c_proj.weight")?,
-            Some(p("attn.c_proj.bias")?),
-            Activation::None,
-        )?;
-        let x = x.add(&y)?;
+        let x = self.linear_residual(&y, w("attn.c_proj.weight")?, p("attn.c_proj.bias")?, x)?;
 
         let c_fc = w("mlp.c_fc.weight")?;
         let m = self.layer_norm(
@@ -284,13 +278,7 @@ impl Gpt2 {
             Activation::Gelu,
             if self.amp { DType::F16 } else { DType::F32 },
         )?; // (B, T, 4C)
-        let m = self.linear(
-            &m,
-            w("mlp.c_proj.weight")?,
-            Some(p("mlp.c_proj.bias")?),
-            Activation::None,
-        )?;
-        x.add(&m)
+        self.linear_residual(&m, w("mlp.c_proj.weight")?, p("mlp.c_proj.bias")?, &x)
     }
 
     /// Mean next-token cross-entropy of `ids` (B, T) against `targets` (B, T).
@@ -408,6 +396,22 @@ impl Gpt2 {
         act: Activation,
     ) -> Result<Tensor> {
         self.linear_as(x, w, b, act, DType::F32)
+    }
+
+    /// residual + (x W + b): with the fused kernels the add is the product's epilogue.
+    fn linear_residual(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        match self.kernels {
+            Kernels::Fused => x.linear_residual(w, b, residual),
+            Kernels::Reference => {
+                residual.add(&x.linear_reference(w, Some(b), Activation::None)?)
+            }
+        }
     }
 
     /// `linear` storing its output as `dtype` (the reference composition stays f32).

@@ -29,6 +29,9 @@ struct LinearBackward {
     w: Tensor,           // (K, N)
     pre: Option<Tensor>, // (rows, N) for GELU
     has_bias: bool,
+    /// The output is residual + act(x W + b), the residual the input after the bias: its
+    /// gradient is the output's.
+    has_residual: bool,
     /// The forward ran under autocast: so do the backward products.
     half: bool,
 }
@@ -40,7 +43,12 @@ impl Backward for LinearBackward {
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
         let half = self.half;
-        autocast(half, || (*self).backward_products(g, ctx))
+        let residual = self.has_residual.then(|| 2 + self.has_bias as usize);
+        autocast(half, || (*self).backward_products(g, ctx))?;
+        match residual {
+            Some(i) if ctx.needed(i) => ctx.put(i, g.clone()),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -190,7 +198,25 @@ impl Tensor {
         act: Activation,
         dtype: DType,
     ) -> Result<Tensor> {
-        self.linear_rows(w, b, act, dtype, 1)
+        self.linear_rows(w, b, act, dtype, 1, None)
+    }
+
+    /// residual + (self W + b), the output the residual's shape: a linear whose output a block
+    /// adds to its residual stream, the add in the product's epilogue (one dispatch, where
+    /// `x.linear(w, b) + residual` takes two). A residual that is not a contiguous f32 tensor
+    /// of the output's shape is added by a second dispatch.
+    pub fn linear_residual(&self, w: &Tensor, b: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        let mut out_shape = self.shape().to_vec();
+        if let (Some(last), Some(&n)) = (out_shape.last_mut(), w.shape().get(1)) {
+            *last = n;
+        }
+        if residual.shape() != out_shape.as_slice()
+            || residual.dtype() != DType::F32
+            || !residual.is_contiguous()
+        {
+            return self.linear(w, Some(b), Activation::None)?.add(residual);
+        }
+        self.linear_rows(w, Some(b), Activation::None, DType::F32, 1, Some(residual))
     }
 
     /// `linear` (no bias) whose output rows are `row_align`-element aligned: (rows, N) over a
@@ -198,7 +224,7 @@ impl Tensor {
     /// then stored straight from the matmul's accumulators, and its gradient (made with the
     /// same rows by cross-entropy) is read by the backward matmuls in vectors.
     pub fn linear_padded(&self, w: &Tensor, row_align: usize) -> Result<Tensor> {
-        self.linear_rows(w, None, Activation::None, DType::F32, row_align)
+        self.linear_rows(w, None, Activation::None, DType::F32, row_align, None)
     }
 
     fn linear_rows(
@@ -208,6 +234,7 @@ impl Tensor {
         act: Activation,
         dtype: DType,
         row_align: usize,
+        residual: Option<&Tensor>,
     ) -> Result<Tensor> {
         if w.rank() != 2 || self.rank() == 0 || self.shape()[self.rank() - 1] != w.shape()[0] {
             return Err(Error::ShapeMismatch {
@@ -262,10 +289,17 @@ impl Tensor {
                 xd.matmul_epilogue_into(&wd, Epilogue::None, out, dtype)?,
                 None,
             ),
-            (Some(bias), Activation::None) => (
-                xd.matmul_epilogue_into(&wd, Epilogue::Bias(&bias.detach()), out, dtype)?,
-                None,
-            ),
+            (Some(bias), Activation::None) => {
+                let bias = bias.detach();
+                let epilogue = match residual {
+                    Some(r) => Epilogue::BiasResidual {
+                        bias: &bias,
+                        residual: &r.detach().reshape(&[rows, n])?,
+                    },
+                    None => Epilogue::Bias(&bias),
+                };
+                (xd.matmul_epilogue_into(&wd, epilogue, out, dtype)?, None)
+            }
             (Some(bias), Activation::Gelu) => {
                 let pre = Tensor::uninit(self.device(), &[rows, n], DType::F32, OP)?;
                 let y = xd.matmul_epilogue_into(
@@ -282,14 +316,14 @@ impl Tensor {
         };
         let y = y.reshape(&out_shape)?;
         let mut inputs = vec![&x, w];
-        if let Some(bias) = b {
-            inputs.push(bias);
-        }
+        inputs.extend(b);
+        inputs.extend(residual);
         Ok(record(y, &inputs, || LinearBackward {
             x: xd,
             w: wd,
             pre,
             has_bias: b.is_some(),
+            has_residual: residual.is_some(),
             half,
         }))
     }

@@ -28,6 +28,13 @@ pub(crate) enum Epilogue<'a> {
     /// x^T dz, one dispatch). A batched product, or one whose M the cooperative-matrix kernel
     /// cannot extend (M not a multiple of 8), sums B by a reduction instead.
     BColumnSums(&'a Tensor),
+    /// Adds bias[column] and residual[row, column]: a linear whose output a block adds to its
+    /// residual stream, a contiguous f32 tensor of the output's shape (batch 1; the output
+    /// written, not added into).
+    BiasResidual {
+        bias: &'a Tensor,
+        residual: &'a Tensor,
+    },
 }
 
 /// dA = g B^T and dB = A^T g, each written into its gradient by the matmul kernel (accumulate
@@ -341,6 +348,31 @@ impl Tensor {
             }
             _ => None,
         };
+        let residual = match epilogue {
+            Epilogue::BiasResidual { residual, .. } => {
+                if residual.shape() != out.shape()
+                    || residual.dtype() != DType::F32
+                    || !residual.is_contiguous()
+                    || batch != 1
+                    || acc
+                    || !out.is_contiguous()
+                {
+                    return Err(Error::InvalidArgument {
+                        op: "linear",
+                        reason: format!(
+                            "a residual is added to a new or overwritten contiguous output of \
+                             one product, from a contiguous f32 tensor of its shape {:?}, not \
+                             {:?} {:?}",
+                            out.shape(),
+                            residual.dtype(),
+                            residual.shape()
+                        ),
+                    });
+                }
+                Some(residual)
+            }
+            _ => None,
+        };
         let max_groups = self
             .device()
             .gpu()
@@ -373,7 +405,8 @@ impl Tensor {
             c_ns: out.strides()[cr - 1] as u32,
             bias_off: 0,
             k_split: 0,
-            _pad: [0; 2],
+            res_off: 0,
+            _pad: 0,
         };
         let types = matmul::Types {
             a: a.dtype(),
@@ -392,7 +425,11 @@ impl Tensor {
             a_t: params.a_ms == 1 && params.a_ks != 1,
             b_t: params.b_ks == 1 && params.b_ns != 1,
             // Column sums run the plain product with one more row: its measured tile serves.
-            bias: matches!(epilogue, Epilogue::Bias(_) | Epilogue::BiasGelu { .. }),
+            // A residual adds one load an element to a bias product's epilogue: its tile serves.
+            bias: matches!(
+                epilogue,
+                Epilogue::Bias(_) | Epilogue::BiasGelu { .. } | Epilogue::BiasResidual { .. }
+            ),
             gelu: matches!(epilogue, Epilogue::BiasGelu { .. }),
             aligned: [&a, &b, &out]
                 .iter()
@@ -415,7 +452,9 @@ impl Tensor {
         // The bias (N) a bias epilogue adds, contiguous.
         let bias = match epilogue {
             Epilogue::None | Epilogue::BColumnSums(_) => None,
-            Epilogue::Bias(bias) | Epilogue::BiasGelu { bias, .. } => {
+            Epilogue::Bias(bias)
+            | Epilogue::BiasGelu { bias, .. }
+            | Epilogue::BiasResidual { bias, .. } => {
                 if bias.shape() != [n] {
                     return Err(Error::ShapeMismatch {
                         op: "linear",
@@ -430,7 +469,12 @@ impl Tensor {
         // products summed by a second kernel, which adds a bias product's bias (plain and bias
         // products; batch 1; GELU's epilogue does not split).
         let split = match epilogue {
-            Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_) if batch == 1 => {
+            Epilogue::None
+            | Epilogue::Bias(_)
+            | Epilogue::BColumnSums(_)
+            | Epilogue::BiasResidual { .. }
+                if batch == 1 =>
+            {
                 match dev.split_for(&key) {
                     // Measured (or forced by a search): at most one range a K step.
                     Some(s) => (s as usize).clamp(1, k.div_ceil(bk as usize)),
@@ -441,6 +485,30 @@ impl Tensor {
             }
             _ => 1,
         };
+        // A residual product that the cooperative-matrix kernel would store straight from its
+        // accumulators (unsplit, an f32 C with rows on 16 bytes: tiles inside C) is a bias
+        // product, and a second dispatch adds the residual: the residual epilogue goes through
+        // the scratch tile, which cost more than the add at 8 x 512 --amp on an H200 (the step
+        // 23.21 / 23.26 -> 23.38 / 23.68 ms, 2026-11-25). Split, the sum adds it.
+        if let (Epilogue::BiasResidual { bias, residual }, Choice::Coop(..), 1) =
+            (epilogue, &choice, split)
+        {
+            if out.dtype() == DType::F32
+                && params.c_ns == 1
+                && [params.c_off, params.c_ms]
+                    .iter()
+                    .all(|x| x.is_multiple_of(4))
+            {
+                let y = self.matmul_epilogue_into(
+                    other,
+                    Epilogue::Bias(bias),
+                    Out::Write(&out),
+                    out_dtype,
+                )?;
+                launch_copy(residual, Out::Acc(&y))?;
+                return Ok(out);
+            }
+        }
         // With a split the plain matmul kernel writes f32 partials (no bias), the sum adds the
         // bias and adds into or writes C.
         let (kernel_types, kernel_acc) = match split {
@@ -488,6 +556,7 @@ impl Tensor {
                         &matmul_coop::MATMUL_COOP_BIAS,
                         &matmul_coop::MATMUL_COOP_BIAS_GELU,
                         &matmul_coop::MATMUL_COOP_SUMS,
+                        &matmul_coop::MATMUL_COOP_BIAS_RES,
                     ],
                     matmul_coop::spec_ones(
                         tile,
@@ -506,6 +575,7 @@ impl Tensor {
                     &matmul::MATMUL_BIAS,
                     &matmul::MATMUL_BIAS_GELU,
                     &matmul::MATMUL_SUMS,
+                    &matmul::MATMUL_BIAS_RES,
                 ],
                 matmul::spec_ones(tile, kernel_acc, kernel_types, sums.is_some()),
             ),
@@ -554,11 +624,23 @@ impl Tensor {
                     (None, Some(s)) => s.layout().offset as u32,
                     (None, None) => 0,
                 },
-                _pad: 0,
+                res_off: residual.map_or(0, |r| r.layout().offset as u32),
             };
             let sum_spec = matmul::split_sum_spec(out.dtype(), acc);
             let grid = dev.grid((m_run * n).div_ceil(256) as u64);
             match &bias {
+                Some(bias) if residual.is_some() => dev.record(
+                    &matmul::MATMUL_SPLIT_SUM_BIAS_RES,
+                    &sum_spec,
+                    &sum,
+                    &[
+                        out.storage(),
+                        part.storage(),
+                        bias.storage(),
+                        residual.expect("matched").storage(),
+                    ],
+                    grid,
+                ),
                 None if sums.is_some() => dev.record(
                     &matmul::MATMUL_SPLIT_SUM_SUMS,
                     &sum_spec,
@@ -637,6 +719,14 @@ impl Tensor {
                     let mut s = storages.to_vec();
                     s.push(pre.storage());
                     dev.record(kernels[2], &spec, &params, &s, groups);
+                } else if let Some(residual) = residual {
+                    let params = MatmulParams {
+                        res_off: residual.layout().offset as u32,
+                        ..params
+                    };
+                    let mut s = storages.to_vec();
+                    s.push(residual.storage());
+                    dev.record(kernels[4], &spec, &params, &s, groups);
                 } else {
                     dev.record(kernels[1], &spec, &params, &storages, groups);
                 }
