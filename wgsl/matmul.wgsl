@@ -10,8 +10,9 @@
 // read distinct workgroup-memory words and write coalesced columns).
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
-// matmul_bias_gelu (also saves the pre-activation), matmul_sums (with ONES: the column sums of
-// B too, below). Specialization: BM, BN, BK, TM, TN, ACC, ONES.
+// matmul_bias_gelu (also saves the pre-activation), matmul_bias_res (+ bias + a residual read
+// through `pre`), matmul_sums (with ONES: the column sums of B too, below). Specialization: BM,
+// BN, BK, TM, TN, ACC, ONES.
 //
 // ONES: A's last row (m = M - 1) is not read but taken as ones, so C's last row is the column
 // sums of B (a linear's bias gradient beside its weight gradient, dW = x^T dz: the sums of dz

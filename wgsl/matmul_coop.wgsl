@@ -2,7 +2,7 @@
 // with the operands rounded to f16 and the products accumulated in f32. Same Params and
 // epilogues as matmul.wgsl (whose TS = f16 variant computes the same thing without cooperative
 // matrices), so the launcher picks either kernel for a product. Entry points: matmul_coop,
-// matmul_coop_bias, matmul_coop_bias_gelu.
+// matmul_coop_bias, matmul_coop_bias_gelu, matmul_coop_bias_res, matmul_coop_sums.
 //
 // Memory layout. A (batch, M, K), B (batch, K, N), C (batch, M, N), each read or written
 // through its strides (a_ms/a_ks, b_ks/b_ns, c_ms/c_ns; a batch stride of 0 broadcasts). A and

@@ -1,7 +1,8 @@
 // Split-K, second pass: C (+)= the sum over s of part[s], the partial products the matmul
 // kernels wrote for S ranges of K (a product whose M x N gives too few workgroups to fill the
 // GPU, over a long K); matmul_split_sum_bias adds bias[column] to the sum first (a bias
-// product's epilogue: its ranges write partials without it); matmul_split_sum_sums stores
+// product's epilogue: its ranges write partials without it), matmul_split_sum_bias_res the
+// bias and a residual (read through `sums`); matmul_split_sum_sums stores
 // the partials' last row (the column sums of a product with ONES, see matmul.wgsl) to `sums`
 // at bias_off instead of C.
 //

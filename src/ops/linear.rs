@@ -1,6 +1,7 @@
 //! A linear layer in one matmul dispatch: y = act(x W + b), with the bias add and GELU (the tanh
-//! approximation GPT-2 uses) in the matmul's epilogue. W is (K, N), the layout of GPT-2's
-//! Conv1D weights, so Hugging Face weights load without a transpose.
+//! approximation GPT-2 uses) in the matmul's epilogue, or y = r + x W + b with a block's
+//! residual r added there too (`linear_residual`). W is (K, N), the layout of GPT-2's Conv1D
+//! weights, so Hugging Face weights load without a transpose.
 //!
 //! Backward: dz = g (or g * gelu'(z) from the saved pre-activation z, one dispatch); dW = x^T dz
 //! with, over few rows, db = the sums of dz over rows in the same product (x^T extended by a
