@@ -507,5 +507,40 @@ fn a_residual_linear_matches_f64() -> Result<()> {
         })
         .collect();
     assert_close(&y.to_vec()?, &want, 1e-4, "a transposed residual");
+    // The input as its own residual (one buffer, read by the product and added after it):
+    // y = x + x W + b, dx = g + g W^T.
+    let n = k;
+    let ws = rand_vec(&mut r, n * n, -0.5, 0.5);
+    let bv = rand_vec(&mut r, n, -0.5, 0.5);
+    let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
+    let x = Tensor::from_slice(d, &xs, &[rows, n])?.requires_grad();
+    let w = Tensor::from_slice(d, &ws, &[n, n])?;
+    let b = Tensor::from_slice(d, &bv, &[n])?;
+    d.sync()?;
+    let before = d.counters().dispatches;
+    let y = x.linear_residual(&w, &b, &x)?;
+    d.sync()?;
+    assert_eq!(
+        d.counters().dispatches - before,
+        2,
+        "the input as its residual"
+    );
+    let (mut want_y, mut want_dx) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+    for i in 0..rows {
+        for j in 0..n {
+            let dot: f64 = (0..n)
+                .map(|l| xs[i * n + l] as f64 * ws[l * n + j] as f64)
+                .sum();
+            want_y[i * n + j] = xs[i * n + j] as f64 + dot + bv[j] as f64;
+            let back: f64 = (0..n)
+                .map(|l| gs[i * n + l] as f64 * ws[j * n + l] as f64)
+                .sum();
+            want_dx[i * n + j] = gs[i * n + j] as f64 + back;
+        }
+    }
+    assert_close(&y.to_vec()?, &want_y, 1e-4, "the input as its residual");
+    y.backward_with(&Tensor::from_slice(d, &gs, &[rows, n])?)?;
+    let dx = grads(&[x])?.remove(0);
+    assert_close(&dx, &want_dx, 1e-4, "dx, the input as its residual");
     Ok(())
 }

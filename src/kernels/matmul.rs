@@ -412,7 +412,10 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
         for acc in [false, true] {
             v.push((&MATMUL_SPLIT_SUM, split_sum_spec(c, acc)));
             v.push((&MATMUL_SPLIT_SUM_BIAS, split_sum_spec(c, acc)));
-            v.push((&MATMUL_SPLIT_SUM_BIAS_RES, split_sum_spec(c, acc)));
+            // A residual is added to a new f32 output.
+            if !acc && c == DType::F32 {
+                v.push((&MATMUL_SPLIT_SUM_BIAS_RES, split_sum_spec(c, acc)));
+            }
         }
     }
     let mut types = vec![Types::F32];
@@ -425,7 +428,9 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
                 v.push((&MATMUL, spec(t, acc, ty)));
                 v.push((&MATMUL_BIAS, spec(t, acc, ty)));
                 v.push((&MATMUL_BIAS_GELU, spec(t, acc, ty)));
-                v.push((&MATMUL_BIAS_RES, spec(t, acc, ty)));
+                if !acc && ty.c == DType::F32 {
+                    v.push((&MATMUL_BIAS_RES, spec(t, acc, ty)));
+                }
             }
         }
     }

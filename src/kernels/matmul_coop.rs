@@ -799,13 +799,13 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
             for acc in [false, true] {
                 for &a in &a_ways {
                     for &b in &b_ways {
-                        for kernel in [
-                            &MATMUL_COOP,
-                            &MATMUL_COOP_BIAS,
-                            &MATMUL_COOP_BIAS_GELU,
-                            &MATMUL_COOP_BIAS_RES,
-                        ] {
+                        for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
                             v.push((kernel, spec(t, acc, ty, coop, (a, b), false)));
+                        }
+                        // A residual is added to a new f32 output.
+                        if !acc && ty.c == DType::F32 {
+                            let s = spec(t, acc, ty, coop, (a, b), false);
+                            v.push((&MATMUL_COOP_BIAS_RES, s));
                         }
                     }
                 }

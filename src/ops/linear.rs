@@ -237,6 +237,10 @@ impl Tensor {
         row_align: usize,
         residual: Option<&Tensor>,
     ) -> Result<Tensor> {
+        debug_assert!(
+            residual.is_none() || (b.is_some() && act == Activation::None),
+            "a residual comes with a bias and no activation (`linear_residual`)"
+        );
         if w.rank() != 2 || self.rank() == 0 || self.shape()[self.rank() - 1] != w.shape()[0] {
             return Err(Error::ShapeMismatch {
                 op: OP,

@@ -356,13 +356,14 @@ impl Tensor {
                     || batch != 1
                     || acc
                     || !out.is_contiguous()
+                    || residual.storage().buffer_id() == out.storage().buffer_id()
                 {
                     return Err(Error::InvalidArgument {
                         op: "linear",
                         reason: format!(
                             "a residual is added to a new or overwritten contiguous output of \
-                             one product, from a contiguous f32 tensor of its shape {:?}, not \
-                             {:?} {:?}",
+                             one product, from a contiguous f32 tensor of its shape {:?} in \
+                             another buffer, not {:?} {:?}",
                             out.shape(),
                             residual.dtype(),
                             residual.shape()
@@ -486,19 +487,19 @@ impl Tensor {
             _ => 1,
         };
         // A residual product that the cooperative-matrix kernel would store straight from its
-        // accumulators (unsplit, an f32 C with rows on 16 bytes: tiles inside C) is a bias
-        // product, and a second dispatch adds the residual: the residual epilogue goes through
-        // the scratch tile, which cost more than the add at 8 x 512 --amp on an H200 (the step
-        // 23.21 / 23.26 -> 23.38 / 23.68 ms, 2026-11-25). Split, the sum adds it.
-        if let (Epilogue::BiasResidual { bias, residual }, Choice::Coop(..), 1) =
-            (epilogue, &choice, split)
-        {
-            if out.dtype() == DType::F32
-                && params.c_ns == 1
-                && [params.c_off, params.c_ms]
-                    .iter()
-                    .all(|x| x.is_multiple_of(4))
-            {
+        // accumulators (unsplit: tiles inside C) is a bias product, and a second dispatch adds
+        // the residual: the residual epilogue goes through the scratch tile, which cost more
+        // than the add at 8 x 512 --amp on an H200 (the step 23.21 / 23.26 -> 23.38 / 23.68 ms,
+        // 2026-11-25). Split, the sum adds it. So does a second dispatch for a residual in the
+        // buffer of an operand or the bias: the epilogue binds it read-write (the kernels'
+        // second output binding), and one dispatch may not use a buffer both ways.
+        if let Epilogue::BiasResidual { bias, residual } = epilogue {
+            let coop_direct = matches!(choice, Choice::Coop(..))
+                && split == 1
+                && stores_direct(out.dtype(), (params.c_off, params.c_ms, params.c_bs), 1);
+            let id = residual.storage().buffer_id();
+            let shared = [&a, &b, bias].iter().any(|t| t.storage().buffer_id() == id);
+            if coop_direct || shared {
                 let y = self.matmul_epilogue_into(
                     other,
                     Epilogue::Bias(bias),
@@ -546,9 +547,11 @@ impl Tensor {
                 let c_direct = matches!(
                     epilogue,
                     Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_)
-                ) && kernel_types.c == DType::F32
-                    && (split > 1 || params.c_ns == 1)
-                    && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4));
+                ) && stores_direct(
+                    kernel_types.c,
+                    (c_off, c_ms, c_bs),
+                    if split > 1 { 1 } else { params.c_ns },
+                );
 
                 (
                     [
@@ -734,4 +737,11 @@ impl Tensor {
         }
         Ok(out)
     }
+}
+
+/// Whether the cooperative-matrix kernel stores C's tiles straight from its accumulators: an
+/// f32 C with unit column stride (`c_ns`) whose offset, row stride and batch stride are
+/// multiples of 4 (rows on 16 bytes).
+fn stores_direct(c: DType, (c_off, c_ms, c_bs): (u32, u32, u32), c_ns: u32) -> bool {
+    c == DType::F32 && c_ns == 1 && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4))
 }

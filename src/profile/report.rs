@@ -206,6 +206,8 @@ pub(super) fn build(
             *phases.entry(span.name).or_default() += (span.end_us - span.start_us) * 1e-3;
         }
     }
+    // The `queue.submit` spans are part of encode+submit: listed under it.
+    let submit_ms = phases.remove("queue.submit");
     let mut phases: Vec<PhaseRow> = phases
         .into_iter()
         .map(|(phase, ms)| PhaseRow {
@@ -221,6 +223,12 @@ pub(super) fn build(
         phase: "encode+submit: arena writes".into(),
         ms: per(&|s| s.counters.arena_write_ns as f64 * 1e-6),
     });
+    if let Some(ms) = submit_ms {
+        phases.push(PhaseRow {
+            phase: "encode+submit: queue.submit".into(),
+            ms: ms / n,
+        });
+    }
     phases.push(PhaseRow {
         phase: "waiting on the GPU".into(),
         ms: per(&|s| s.counters.wait_ns as f64 * 1e-6),
