@@ -8,6 +8,25 @@ use wgrad::autograd::gradcheck::{check, Input};
 use wgrad::ops::Activation;
 use wgrad::{Result, Tensor};
 
+/// Whether to run in f32 only, or under autocast too (where the adapter has shader-f16).
+fn halves(d: &wgrad::Device) -> &'static [bool] {
+    if d.gpu().has(wgrad::wgpu::Features::SHADER_F16) {
+        &[false, true]
+    } else {
+        &[false]
+    }
+}
+
+/// `v` as f64, rounded to f16 first under autocast (as the products' operands are).
+fn round(v: &[f32], half: bool) -> Vec<f64> {
+    v.iter()
+        .map(|&x| match half {
+            true => half::f16::from_f32(x).to_f32() as f64,
+            false => x as f64,
+        })
+        .collect()
+}
+
 fn grads(params: &[Tensor]) -> Result<Vec<Vec<f32>>> {
     params
         .iter()
@@ -309,19 +328,7 @@ fn a_bias_gradient_from_the_dw_product_matches_f64() -> Result<()> {
     use wgrad::ops::autocast;
     let d = &private_dev();
     let mut r = rng("linear db in dW");
-    let halves: &[bool] = if d.gpu().has(wgrad::wgpu::Features::SHADER_F16) {
-        &[false, true]
-    } else {
-        &[false]
-    };
-    let round = |v: &[f32], half: bool| -> Vec<f64> {
-        v.iter()
-            .map(|&x| match half {
-                true => half::f16::from_f32(x).to_f32() as f64,
-                false => x as f64,
-            })
-            .collect()
-    };
+    let halves = halves(d);
     // A width the cooperative-matrix kernel cannot extend, or more than 1,024 rows (where the
     // extra tile row costs more than a reduction), sums dz (f32) by a reduction.
     let coop = wgrad::kernels::matmul_coop::Coop::available(d.gpu()).is_some();
@@ -394,19 +401,7 @@ fn a_residual_linear_matches_f64() -> Result<()> {
     let d = &private_dev();
     let mut r = rng("linear residual");
     let coop = wgrad::kernels::matmul_coop::Coop::available(d.gpu()).is_some();
-    let halves: &[bool] = if d.gpu().has(wgrad::wgpu::Features::SHADER_F16) {
-        &[false, true]
-    } else {
-        &[false]
-    };
-    let round = |v: &[f32], half: bool| -> Vec<f64> {
-        v.iter()
-            .map(|&x| match half {
-                true => half::f16::from_f32(x).to_f32() as f64,
-                false => x as f64,
-            })
-            .collect()
-    };
+    let halves = halves(d);
     for (lead, rows, k, n) in [
         (vec![], 1, 37, 29),
         (vec![2], 65, 96, 40),

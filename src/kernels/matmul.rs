@@ -129,17 +129,21 @@ pub static MATMUL_SPLIT_SUM_BIAS: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<SplitSumParams>() as u64,
 };
 
+/// The bindings of a split sum with a second output: C, the partials, the bias (read), and the
+/// column sums (written) or the residual (read; bound read-write as the shader's `sums`).
+const C_PART_BIAS_OUT: &[Access] = &[
+    Access::ReadWrite,
+    Access::Read,
+    Access::Read,
+    Access::ReadWrite,
+];
+
 /// C = the sum of the split-K partial products (S, M, N) + bias + R (the fourth binding, only
 /// read; bound read-write as the shader's `sums`): a residual linear's epilogue.
 pub static MATMUL_SPLIT_SUM_BIAS_RES: KernelDesc = KernelDesc {
     name: "matmul_split_sum_bias_res",
     family: &SPLIT_FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-    ],
+    storage: C_PART_BIAS_OUT,
     params_size: std::mem::size_of::<SplitSumParams>() as u64,
 };
 
@@ -148,12 +152,7 @@ pub static MATMUL_SPLIT_SUM_BIAS_RES: KernelDesc = KernelDesc {
 pub static MATMUL_SPLIT_SUM_SUMS: KernelDesc = KernelDesc {
     name: "matmul_split_sum_sums",
     family: &SPLIT_FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-    ],
+    storage: C_PART_BIAS_OUT,
     params_size: std::mem::size_of::<SplitSumParams>() as u64,
 };
 
