@@ -303,7 +303,8 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 }
 
 // C = A @ B + bias + R, with R (the residual a block adds the product to: contiguous (M, N) f32,
-// batch 1) read through `pre` from res_off; through the scratch tile (no direct stores).
+// batch 1) read through `pre` from res_off; through the scratch tile (no direct stores). An
+// entry point of its own, like matmul_coop_sums: a shader naming `pre` needs it in its layout.
 @compute @workgroup_size(WG)
 fn matmul_coop_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
