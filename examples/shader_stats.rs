@@ -9,8 +9,10 @@
 //!
 //! Each argument is `coop:TILE` (the cooperative-matrix kernel, f16 x f16 -> f32, both
 //! operands read as 16-byte units along their unit-stride dim, accumulators stored straight to
-//! C: the 4096^3 case of `wgrad bench matmul --dtype f16`) or `tiled:TILE` (the f32 tiled
-//! kernel). The SPIR-V is written by naga with the options wgpu uses for the engine's shader
+//! C: the 4096^3 case of `wgrad bench matmul --dtype f16`), `coop:TILE:ENTRY` (that kernel's
+//! entry point ENTRY, e.g. `matmul_coop_bias_gelu`, its epilogue through the scratch tile; the
+//! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too) or
+//! `tiled:TILE` (the f32 tiled kernel). The SPIR-V is written by naga with the options wgpu uses for the engine's shader
 //! modules (no bounds checks, no loop bounding, no division checks). `--no-robust` opens the
 //! device without robustBufferAccess / robustBufferAccess2 (wgpu turns both on where offered),
 //! to see what the driver's bounds checks cost in registers.
@@ -44,10 +46,23 @@ fn main() {
 }
 
 fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
-    let (kind, tile) = arg.split_once(':')?;
+    let (kind, rest) = arg.split_once(':')?;
+    let mut parts = rest.split(':');
+    let tile = parts.next()?;
+    let entry = parts.next();
+    let scratch = parts.next() == Some("scratch");
     match kind {
         "coop" => {
             let t = CoopTile::parse(tile)?;
+            let entry: &'static str = match entry {
+                None | Some("matmul_coop") => "matmul_coop",
+                Some("matmul_coop_bias") => "matmul_coop_bias",
+                Some("matmul_coop_bias_gelu") => "matmul_coop_bias_gelu",
+                Some("matmul_coop_bias_res") => "matmul_coop_bias_res",
+                Some("matmul_coop_sums") => "matmul_coop_sums",
+                Some(_) => return None,
+            };
+            let direct = matches!(entry, "matmul_coop" | "matmul_coop_bias") && !scratch;
             let coop = Coop {
                 fs: 16,
                 sgs: 32,
@@ -58,8 +73,8 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
                 vec: true,
                 wide: true,
             };
-            let spec = matmul_coop::spec(t, false, Types::F16, coop, (wide, wide), true);
-            Some((arg.to_string(), &matmul_coop::FAMILY, "matmul_coop", spec))
+            let spec = matmul_coop::spec(t, false, Types::F16, coop, (wide, wide), direct);
+            Some((arg.to_string(), &matmul_coop::FAMILY, entry, spec))
         }
         "tiled" => {
             let t = Tile::parse(tile)?;
