@@ -239,6 +239,16 @@ fn c_frag(wid: vec3<u32>, sg: u32, f: u32) -> u32 {
     return p.c_off + wid.z * p.c_bs + frag_row(wid, sg, f, 0u) * p.c_ms + frag_col(wid, sg, f, 0u);
 }
 
+// The scratch-tile epilogue: a spilled fragment is stored lane by lane, lane l taking elements
+// l, l + SGS, l + 2 SGS, ... of it: one column (the fragment's column l % FS) and every
+// (SGS / FS)-th row from row l / FS. So a lane finds its column, its first row, its offsets
+// and its column's bias once a fragment and steps its rows by adding (the per-element index
+// arithmetic and bounds tests had cost about as much as the product at K = 768), while each
+// store instruction still writes SGS / FS whole fragment rows.
+const EPI_ROWS: u32 = SGS / FS; // rows one pass of a subgroup's lanes covers
+const EPI_STEPS: u32 = FE / SGS; // elements of a fragment a lane stores
+const_assert SGS % FS == 0u && FE % SGS == 0u;
+
 @compute @workgroup_size(WG)
 fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
@@ -260,11 +270,15 @@ fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        for (var e = lane; e < FE; e += SGS) {
-            let gm = frag_row(wid, sg, f, e);
-            let gn = frag_col(wid, sg, f, e);
-            if (gm < p.m && gn < p.n) {
-                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, c_sh[sg * FE + e]);
+        let gm = frag_row(wid, sg, f, lane);
+        let gn = frag_col(wid, sg, f, lane);
+        if (gn < p.n) {
+            var o = p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns;
+            for (var q = 0u; q < EPI_STEPS; q++) {
+                if (gm + q * EPI_ROWS < p.m) {
+                    store_c(o, c_sh[sg * FE + lane + q * SGS]);
+                }
+                o += EPI_ROWS * p.c_ms;
             }
         }
         workgroupBarrier();
@@ -290,12 +304,16 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        for (var e = lane; e < FE; e += SGS) {
-            let gm = frag_row(wid, sg, f, e);
-            let gn = frag_col(wid, sg, f, e);
-            if (gm < p.m && gn < p.n) {
-                let z = c_sh[sg * FE + e] + bias[p.bias_off + gn];
-                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, z);
+        let gm = frag_row(wid, sg, f, lane);
+        let gn = frag_col(wid, sg, f, lane);
+        if (gn < p.n) {
+            let b = bias[p.bias_off + gn];
+            var o = p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns;
+            for (var q = 0u; q < EPI_STEPS; q++) {
+                if (gm + q * EPI_ROWS < p.m) {
+                    store_c(o, c_sh[sg * FE + lane + q * SGS] + b);
+                }
+                o += EPI_ROWS * p.c_ms;
             }
         }
         workgroupBarrier();
@@ -313,12 +331,18 @@ fn matmul_coop_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        for (var e = lane; e < FE; e += SGS) {
-            let gm = frag_row(wid, sg, f, e);
-            let gn = frag_col(wid, sg, f, e);
-            if (gm < p.m && gn < p.n) {
-                let z = c_sh[sg * FE + e] + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn];
-                store_c(p.c_off + gm * p.c_ms + gn * p.c_ns, z);
+        let gm = frag_row(wid, sg, f, lane);
+        let gn = frag_col(wid, sg, f, lane);
+        if (gn < p.n) {
+            let b = bias[p.bias_off + gn];
+            var o = p.c_off + gm * p.c_ms + gn * p.c_ns;
+            var r = p.res_off + gm * p.n + gn;
+            for (var q = 0u; q < EPI_STEPS; q++) {
+                if (gm + q * EPI_ROWS < p.m) {
+                    store_c(o, c_sh[sg * FE + lane + q * SGS] + b + pre[r]);
+                }
+                o += EPI_ROWS * p.c_ms;
+                r += EPI_ROWS * p.n;
             }
         }
         workgroupBarrier();
@@ -370,15 +394,22 @@ fn matmul_coop_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
     for (var f = 0u; f < FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        for (var e = lane; e < FE; e += SGS) {
-            let gm = frag_row(wid, sg, f, e);
-            let gn = frag_col(wid, sg, f, e);
-            if (gm < p.m && gn < p.n) {
-                let z = c_sh[sg * FE + e] + bias[p.bias_off + gn];
-                pre[(wid.z * p.m + gm) * p.n + gn] = z;
-                let k = 0.7978845608028654; // sqrt(2 / pi)
-                let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
-                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, 0.5 * z * (1.0 + t));
+        let gm = frag_row(wid, sg, f, lane);
+        let gn = frag_col(wid, sg, f, lane);
+        if (gn < p.n) {
+            let b = bias[p.bias_off + gn];
+            var o = p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns;
+            var r = (wid.z * p.m + gm) * p.n + gn;
+            for (var q = 0u; q < EPI_STEPS; q++) {
+                if (gm + q * EPI_ROWS < p.m) {
+                    let z = c_sh[sg * FE + lane + q * SGS] + b;
+                    pre[r] = z;
+                    let k = 0.7978845608028654; // sqrt(2 / pi)
+                    let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
+                    store_c(o, 0.5 * z * (1.0 + t));
+                }
+                o += EPI_ROWS * p.c_ms;
+                r += EPI_ROWS * p.n;
             }
         }
         workgroupBarrier();
