@@ -12,10 +12,11 @@
 //! C: the 4096^3 case of `wgrad bench matmul --dtype f16`), `coop:TILE:ENTRY` (that kernel's
 //! entry point ENTRY, e.g. `matmul_coop_bias_gelu`, its epilogue through the scratch tile; the
 //! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too) or
-//! `tiled:TILE` (the f32 tiled kernel). The SPIR-V is written by naga with the options wgpu uses for the engine's shader
-//! modules (no bounds checks, no loop bounding, no division checks). `--no-robust` opens the
-//! device without robustBufferAccess / robustBufferAccess2 (wgpu turns both on where offered),
-//! to see what the driver's bounds checks cost in registers.
+//! `tiled:TILE` (the f32 tiled kernel). The SPIR-V is written by naga with the options wgpu
+//! uses for the engine's shader modules (no bounds checks, no loop bounding, no division
+//! checks). `--no-robust` opens the device without robustBufferAccess / robustBufferAccess2
+//! (wgpu turns both on where offered), to see what the driver's bounds checks cost in
+//! registers.
 
 use std::ffi::{c_char, CStr};
 
