@@ -24,6 +24,10 @@
 // take it through the scratch every block), the forward runs two passes over the key blocks:
 // the first takes each query's row max and sum (S only), the second P = exp(S - lse), already
 // normalized, and O += P v.
+// A block's rows of the other side are in flight while the block before it works: each lane
+// loads its share of the next block into registers (`fetch_*`) right after the current block is
+// stored into the tiles, and stores it (`put_*`) once the current block is done with them, so
+// the loads' latency hides behind a block's products and softmax instead of stalling each block.
 // Tiles, f16, rows padded by 8 halves, regions of one array h_sh (see its declaration); fragments
 // are loaded row-major (coopLoadT) as A or B operands, or column-major (coopLoad) for the
 // transposed operands (k^T, v^T, q^T, dO^T).
@@ -122,9 +126,11 @@ fn head(view: vec4<u32>, bh: u32) -> u32 {
 }
 
 // ------------------------------------------------------------------------------------------
-// Staging: `rows` rows r0.. of a (B, H, T, D) view into the tile at `off` of h_sh, 4 elements
-// a load, f32 -> f16, zero past T and D (x `scale` for q). Branch-free (loads under per-lane
-// branches are not overlapped): outside the view a lane reads vector 0 and selects zero.
+// Staging: rows of a (B, H, T, D) view into a tile of h_sh, 4 elements a load, f32 -> f16, zero
+// past T and D (x `scale` for q). Branch-free (loads under per-lane branches are not
+// overlapped): outside the view a lane reads vector 0 and selects zero. The workgroup's own ROWS
+// rows are staged at once (`stage_*`, into the start of h_sh); the blocks of the other side
+// arrive through registers a block ahead (`fetch_*`, then `put_*`).
 
 fn put4(off: u32, r: u32, d: u32, x: vec4<f32>, ok: bool) {
     let h = vec4<f16>(select(vec4<f32>(), x, ok));
@@ -150,36 +156,108 @@ fn at4(view: vec4<u32>, base: u32, row0: u32, e: u32) -> At4 {
     return At4(select(0u, (base + (row0 + r) * view.w + d) / 4u, ok), r, d, ok);
 }
 
-// (One function per source: each entry point binds only what it reads.)
-fn stage_q(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
+// The workgroup's own rows row0.. (one function per source: each entry point binds only what
+// it reads).
+fn stage_q(bh: u32, row0: u32, lid: u32) {
     let base = head(p.q, bh);
-    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.q, base, row0, e);
-        put4(off, a.r, a.d, q[a.i] * p.scale, a.ok);
+        put4(0u, a.r, a.d, q[a.i] * p.scale, a.ok);
     }
 }
 
-fn stage_do(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
+fn stage_do(bh: u32, row0: u32, lid: u32) {
     let base = head(p.dout, bh);
-    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.dout, base, row0, e);
-        put4(off, a.r, a.d, dout[a.i], a.ok);
+        put4(0u, a.r, a.d, dout[a.i], a.ok);
     }
 }
 
-fn stage_k(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
+fn stage_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
-    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.k, base, row0, e);
-        put4(off, a.r, a.d, k[a.i], a.ok);
+        put4(0u, a.r, a.d, k[a.i], a.ok);
     }
 }
 
-fn stage_v(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
+fn stage_v(bh: u32, row0: u32, lid: u32) {
     let base = head(p.v, bh);
-    for (var e = lid; e < rows * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.v, base, row0, e);
-        put4(off, a.r, a.d, v[a.i], a.ok);
+        put4(0u, a.r, a.d, v[a.i], a.ok);
+    }
+}
+
+// A block's rows in flight (the next block's, loaded while this one works): a lane's share of
+// one view's BC x DMAX block is VPL vectors (nx0: k, or q for dK/dV; nx1: v, or dO), and for
+// dK/dV the lse and D of query `lid` of the block (nl, nd). Loads are branch-free (outside the
+// view: vector 0); `put_*` select zero outside T and D and skip a lane's vectors past the block.
+const BLOCK_V: u32 = BC * DMAX / 4u;
+const VPL: u32 = (BLOCK_V + WG - 1u) / WG;
+const_assert BC <= WG;
+var<private> nx0: array<vec4<f32>, VPL>;
+var<private> nx1: array<vec4<f32>, VPL>;
+var<private> nl: f32;
+var<private> nd: f32;
+
+fn fetch_k(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.k, bh);
+    for (var j = 0u; j < VPL; j++) {
+        nx0[j] = k[at4(p.k, base, row0, lid + j * WG).i];
+    }
+}
+
+fn fetch_v(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.v, bh);
+    for (var j = 0u; j < VPL; j++) {
+        nx1[j] = v[at4(p.v, base, row0, lid + j * WG).i];
+    }
+}
+
+fn fetch_q(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.q, bh);
+    for (var j = 0u; j < VPL; j++) {
+        nx0[j] = q[at4(p.q, base, row0, lid + j * WG).i];
+    }
+}
+
+fn fetch_do(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.dout, bh);
+    for (var j = 0u; j < VPL; j++) {
+        nx1[j] = dout[at4(p.dout, base, row0, lid + j * WG).i];
+    }
+}
+
+// dK/dV: lse and D of query row0 + lid (lanes past the block or T read element 0).
+fn fetch_ld(bh: u32, row0: u32, lid: u32) {
+    let ok = lid < BC && row0 + lid < p.t;
+    let i = select(0u, bh * p.t + row0 + lid, ok);
+    nl = lse[i];
+    nd = aux[i];
+}
+
+// The fetched block (rows row0.. of `view`, its head `bh`) into the tile at `off`, times s.
+fn put_nx0(view: vec4<u32>, bh: u32, row0: u32, off: u32, s: f32, lid: u32) {
+    let base = head(view, bh);
+    for (var j = 0u; j < VPL; j++) {
+        let e = lid + j * WG;
+        if (e < BLOCK_V) {
+            let a = at4(view, base, row0, e);
+            put4(off, a.r, a.d, nx0[j] * s, a.ok);
+        }
+    }
+}
+
+fn put_nx1(view: vec4<u32>, bh: u32, row0: u32, off: u32, lid: u32) {
+    let base = head(view, bh);
+    for (var j = 0u; j < VPL; j++) {
+        let e = lid + j * WG;
+        if (e < BLOCK_V) {
+            let a = at4(view, base, row0, e);
+            put4(off, a.r, a.d, nx1[j], a.ok);
+        }
     }
 }
 
@@ -187,17 +265,17 @@ fn stage_v(bh: u32, row0: u32, rows: u32, off: u32, lid: u32) {
 // of h_sh into the subgroups' fragments (own_a, own_b; rows r0.. of the subgroup).
 fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32) {
     if (KIND == KIND_DQ) {
-        stage_q(bh, row0, ROWS, 0u, lid);
+        stage_q(bh, row0, lid);
     } else {
-        stage_k(bh, row0, ROWS, 0u, lid);
+        stage_k(bh, row0, lid);
     }
     workgroupBarrier();
     own_a(r0);
     workgroupBarrier();
     if (KIND == KIND_DQ) {
-        stage_do(bh, row0, ROWS, 0u, lid);
+        stage_do(bh, row0, lid);
     } else {
-        stage_v(bh, row0, ROWS, 0u, lid);
+        stage_v(bh, row0, lid);
     }
     workgroupBarrier();
     own_b(r0);
@@ -392,8 +470,10 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let part = lane % LPR;
     let qi = q0 + row;                // its query
 
-    // The subgroup's queries (scale * q) as fragments.
-    stage_q(bh, q0, ROWS, 0u, lid);
+    // The first block of keys in flight while the subgroup's queries (scale * q) become
+    // fragments.
+    fetch_k(bh, 0u, lid);
+    stage_q(bh, q0, lid);
     workgroupBarrier();
     own_a(r0);
     let keys = min(q0 + ROWS, p.t);
@@ -403,8 +483,15 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     var l = 0.0;
     for (var k0 = 0u; k0 < keys; k0 += BC) {
         workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
-        stage_k(bh, k0, BC, K_OFF, lid);
+        put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
         workgroupBarrier();
+        // The next block in flight; after the last, pass 2's first (k and v).
+        if (k0 + BC < keys) {
+            fetch_k(bh, k0 + BC, lid);
+        } else {
+            fetch_k(bh, 0u, lid);
+            fetch_v(bh, 0u, lid);
+        }
         for (var c0 = 0u; c0 < BC; c0 += FS) {
             s_only(r0, c0);
         }
@@ -432,9 +519,13 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     zero_out();
     for (var k0 = 0u; k0 < keys; k0 += BC) {
         workgroupBarrier();
-        stage_k(bh, k0, BC, K_OFF, lid);
-        stage_v(bh, k0, BC, V_OFF, lid);
+        put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
+        put_nx1(p.v, bh, k0, V_OFF, lid);
         workgroupBarrier();
+        if (k0 + BC < keys) {
+            fetch_k(bh, k0 + BC, lid);
+            fetch_v(bh, k0 + BC, lid);
+        }
         for (var c0 = 0u; c0 < BC; c0 += FS) {
             s_only(r0, c0);
         }
@@ -471,7 +562,10 @@ fn attn_coop_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let part = lane % LPR;
     let qi = q0 + row;
 
-    // The subgroup's queries as fragments: scale * q, then dO.
+    // The first block of keys and values in flight while the subgroup's queries become
+    // fragments: scale * q, then dO.
+    fetch_k(bh, 0u, lid);
+    fetch_v(bh, 0u, lid);
     own_rows(bh, q0, r0, lid);
     // D for this lane's query: its columns, then the row's lanes combined.
     var dpart = 0.0;
@@ -501,9 +595,13 @@ fn attn_coop_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     let keys = min(q0 + ROWS, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
         workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
-        stage_k(bh, k0, BC, K_OFF, lid);
-        stage_v(bh, k0, BC, V_OFF, lid);
+        put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
+        put_nx1(p.v, bh, k0, V_OFF, lid);
         workgroupBarrier();
+        if (k0 + BC < keys) {
+            fetch_k(bh, k0 + BC, lid);
+            fetch_v(bh, k0 + BC, lid);
+        }
         // S = (scale q) k^T and dP = dO v^T.
         for (var c0 = 0u; c0 < BC; c0 += FS) {
             s_dp(r0, c0);
@@ -543,7 +641,12 @@ fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     let part = lane % LPR;
     let kj = k0 + row;                // this lane's key
 
-    // The subgroup's keys as fragments: k, then v.
+    // The first block of queries (q, dO, lse, D) in flight while the subgroup's keys become
+    // fragments: k, then v. Queries before k0 see none of these keys.
+    let first = (k0 / BC) * BC;
+    fetch_q(bh, first, lid);
+    fetch_do(bh, first, lid);
+    fetch_ld(bh, first, lid);
     own_rows(bh, k0, r0, lid);
     let direct = k0 + ROWS <= p.t && p.d == DMAX && all(p.dk % vec4<u32>(4u) == vec4<u32>())
         && all(p.dv % vec4<u32>(4u) == vec4<u32>());
@@ -552,22 +655,21 @@ fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         load_out(bh, k0, r0);
     }
 
-    // Queries before k0 see none of these keys.
-    for (var q0 = (k0 / BC) * BC; q0 < p.t; q0 += BC) {
+    for (var q0 = first; q0 < p.t; q0 += BC) {
         workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or the own rows) is done
-        stage_q(bh, q0, BC, Q_OFF, lid);
-        stage_do(bh, q0, BC, DO_OFF, lid);
-        for (var c = lid; c < BC; c += WG) {
-            var l = 0.0;
-            var dsum = 0.0;
-            if (q0 + c < p.t) {
-                l = lse[bh * p.t + q0 + c];
-                dsum = aux[bh * p.t + q0 + c];
-            }
-            lse_c[c] = l;
-            dvec_c[c] = dsum;
+        put_nx0(p.q, bh, q0, Q_OFF, p.scale, lid);
+        put_nx1(p.dout, bh, q0, DO_OFF, lid);
+        if (lid < BC) {
+            let inside = q0 + lid < p.t;
+            lse_c[lid] = select(0.0, nl, inside);
+            dvec_c[lid] = select(0.0, nd, inside);
         }
         workgroupBarrier();
+        if (q0 + BC < p.t) {
+            fetch_q(bh, q0 + BC, lid);
+            fetch_do(bh, q0 + BC, lid);
+            fetch_ld(bh, q0 + BC, lid);
+        }
         for (var c0 = 0u; c0 < BC; c0 += FS) {
             s_dp(r0, c0);
         }
