@@ -5,7 +5,9 @@
 // row by row, O = P v. Backward, with dO the gradient of O:
 //   attn_fwd      O by blocks of keys with the online softmax: per query row a running max m
 //                 and sum l (f32), each new block rescaling O and l by exp(m_old - m_new).
-//                 Writes O and lse = m + log(l).
+//                 Writes O and lse = m + log(l). Every lane keeps m for its rows and its
+//                 columns' share of l in registers; a block's row maxima (and, at the end, the
+//                 sums) meet through `red`, one partial per lane of the row.
 //   attn_bwd_dq   D = rowsum(dO * O) for its queries (written for attn_bwd_dkv), then per key
 //                 block P = exp(S - lse), dP = dO v^T, dS = P * (dP - D); dQ = scale * dS k.
 //   attn_bwd_dkv  the same P and dS per query block; dV = P^T dO, dK = scale * dS^T q.
@@ -27,6 +29,10 @@
 //     blocks have the most keys, so they are numbered first.
 //   attn_bwd_dkv: one workgroup per (block of BC keys, b * H + h), looping over the blocks of
 //     BR queries at or after it (the first key blocks have the most, and come first).
+// The blocks a workgroup loops over (keys; queries for attn_bwd_dkv) arrive a block ahead: a
+// lane loads its share of the next block into registers (`fetch_*`) as soon as the current one
+// is in the tiles and stores it (`put_*`) when the tiles are free again, so the loads' latency
+// hides behind a block's arithmetic instead of stalling every block.
 // Workgroup tiles are [row][d] with row stride DP = DMAX + 1 and [query][key] with stride
 // SP = BC + 1: the +1 puts a column of different rows on different banks. Staging zero-pads
 // past T and past D, so any T and any D <= DMAX work; no row past T is written, and in
@@ -91,17 +97,136 @@ var<workgroup> tile_do: array<f32, select(1u, BR * DP, BWD)>;                  /
 var<workgroup> tile_v: array<f32, select(1u, BC * DP, BWD)>;                   // v
 var<workgroup> tile_s: array<f32, select(1u, BR * SP, KIND != KIND_DQ)>;       // S, then P
 var<workgroup> tile_ds: array<f32, select(1u, BR * SP, BWD)>;                  // dS
-var<workgroup> m_row: array<f32, select(1u, BR, !BWD)>;                        // running max
-var<workgroup> l_row: array<f32, select(1u, BR, !BWD)>;                        // running sum
-var<workgroup> alpha_row: array<f32, select(1u, BR, !BWD)>;                    // exp(m_old - m_new)
+var<workgroup> red: array<f32, select(1u, BR * COLL, !BWD)>;                  // a row's partials
 var<workgroup> lse_row: array<f32, select(1u, BR, BWD)>;
 var<workgroup> dvec_row: array<f32, select(1u, BR, BWD)>;                      // D
 
 // Element (t, d) of head `bh` of a (B, H, T, D) view.
 fn at(view: vec4<u32>, bh: u32, t: u32, d: u32) -> u32 {
+    return head(view, bh) + t * view.w + d;
+}
+
+// Element (0, 0) of head `bh` of a (B, H, T, D) view.
+fn head(view: vec4<u32>, bh: u32) -> u32 {
     let b = bh / p.heads;
     let h = bh % p.heads;
-    return view.x + b * view.y + h * view.z + t * view.w + d;
+    return view.x + b * view.y + h * view.z;
+}
+
+// ------------------------------------------------------------------------------------------
+// The next block in flight: NEXT rows (BC keys; BR queries for attn_bwd_dkv) of one or two
+// views, a lane's share NPL elements of each (nx0: k, or scale * q; nx1: v, or dO), and for
+// attn_bwd_dkv the lse and D of query `lid` of the block (nl, nd). Element e of a block is row
+// e / DMAX, column e % DMAX. Loads are branch-free (outside the view: element 0; loads under
+// per-lane branches are not overlapped); `put` selects zero outside T and D.
+const NEXT: u32 = select(BC, BR, KIND == KIND_DKV);
+const NPL: u32 = (NEXT * DMAX + WG - 1u) / WG;
+var<private> nx0: array<f32, NPL>;
+var<private> nx1: array<f32, NPL>;
+var<private> nl: f32;
+var<private> nd: f32;
+
+// Element j of this lane's share of the block from row row0: its offset in `view` from the
+// head at `base` (0 outside the view, with ok false) and its place in a [row][d] tile.
+struct Elem {
+    i: u32,
+    tile: u32,
+    ok: bool,
+    inside: bool, // within the block (NPL * WG may pass it)
+}
+
+fn elem(view: vec4<u32>, base: u32, row0: u32, lid: u32, j: u32) -> Elem {
+    let e = lid + j * WG;
+    let r = e / DMAX;
+    let d = e % DMAX;
+    let inside = e < NEXT * DMAX;
+    let ok = inside && row0 + r < p.t && d < p.d;
+    return Elem(select(0u, base + (row0 + r) * view.w + d, ok), r * DP + d, ok, inside);
+}
+
+// (One function per source: each entry point binds only what it reads.)
+fn fetch_k(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.k, bh);
+    for (var j = 0u; j < NPL; j++) {
+        nx0[j] = k[elem(p.k, base, row0, lid, j).i];
+    }
+}
+
+fn fetch_v(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.v, bh);
+    for (var j = 0u; j < NPL; j++) {
+        nx1[j] = v[elem(p.v, base, row0, lid, j).i];
+    }
+}
+
+fn fetch_q(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.q, bh);
+    for (var j = 0u; j < NPL; j++) {
+        nx0[j] = q[elem(p.q, base, row0, lid, j).i] * p.scale;
+    }
+}
+
+fn fetch_do(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.dout, bh);
+    for (var j = 0u; j < NPL; j++) {
+        nx1[j] = dout[elem(p.dout, base, row0, lid, j).i];
+    }
+}
+
+// attn_bwd_dkv: lse and D of query row0 + lid (0 past the block or T).
+fn fetch_ld(bh: u32, row0: u32, lid: u32) {
+    let ok = lid < BR && row0 + lid < p.t;
+    let i = select(0u, bh * p.t + row0 + lid, ok);
+    nl = select(0.0, lse[i], ok);
+    nd = select(0.0, aux[i], ok);
+}
+
+// The fetched block (rows row0.. of `view`, head bh) into tile_k (nx0) or tile_v (nx1); the
+// forward's v goes into tile_k too (`put_v_in_k`), the dK/dV pass's queries into tile_q and
+// tile_do.
+fn put_k(view: vec4<u32>, bh: u32, row0: u32, lid: u32) {
+    let base = head(view, bh);
+    for (var j = 0u; j < NPL; j++) {
+        let a = elem(view, base, row0, lid, j);
+        if (a.inside) {
+            tile_k[a.tile] = select(0.0, nx0[j], a.ok);
+        }
+    }
+}
+
+fn put_v_in_k(view: vec4<u32>, bh: u32, row0: u32, lid: u32) {
+    let base = head(view, bh);
+    for (var j = 0u; j < NPL; j++) {
+        let a = elem(view, base, row0, lid, j);
+        if (a.inside) {
+            tile_k[a.tile] = select(0.0, nx1[j], a.ok);
+        }
+    }
+}
+
+fn put_v(view: vec4<u32>, bh: u32, row0: u32, lid: u32) {
+    let base = head(view, bh);
+    for (var j = 0u; j < NPL; j++) {
+        let a = elem(view, base, row0, lid, j);
+        if (a.inside) {
+            tile_v[a.tile] = select(0.0, nx1[j], a.ok);
+        }
+    }
+}
+
+fn put_queries(bh: u32, row0: u32, lid: u32) {
+    let base = head(p.q, bh);
+    for (var j = 0u; j < NPL; j++) {
+        let a = elem(p.q, base, row0, lid, j);
+        if (a.inside) {
+            tile_q[a.tile] = select(0.0, nx0[j], a.ok);
+            tile_do[a.tile] = select(0.0, nx1[j], a.ok);
+        }
+    }
+    if (lid < BR) {
+        lse_row[lid] = nl;
+        dvec_row[lid] = nd;
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -115,6 +240,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     let tr = lid / COLL;
     let tc = lid % COLL;
 
+    // The first block of keys and values in flight while the queries are staged.
+    fetch_k(bh, 0u, lid);
+    fetch_v(bh, 0u, lid);
     for (var e = lid; e < BR * DMAX; e += WG) {
         let r = e / DMAX;
         let d = e % DMAX;
@@ -124,25 +252,26 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         let x = q[select(0u, at(p.q, bh, q0 + r, d), ok)] * p.scale;
         tile_q[r * DP + d] = select(0.0, x, ok);
     }
-    if (lid < BR) {
-        m_row[lid] = NEG_BIG;
-        l_row[lid] = 0.0;
-    }
+    // The running max of each of this lane's rows (the same in every lane of the row) and the
+    // sum of exp(s - m) over this lane's columns of it.
+    var m: array<f32, Q_PER_LANE>;
+    var l: array<f32, Q_PER_LANE>;
     var acc: array<f32, Q_PER_LANE * D_PER_LANE>; // O, unnormalized
+    for (var i = 0u; i < Q_PER_LANE; i++) {
+        m[i] = NEG_BIG;
+        l[i] = 0.0;
+    }
     for (var i = 0u; i < Q_PER_LANE * D_PER_LANE; i++) {
         acc[i] = 0.0;
     }
 
     let keys = min(q0 + BR, p.t); // the causal mask ends at the block's last query
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        for (var e = lid; e < BC * DMAX; e += WG) {
-            let c = e / DMAX;
-            let d = e % DMAX;
-            let ok = k0 + c < p.t && d < p.d;
-            let x = k[select(0u, at(p.k, bh, k0 + c, d), ok)];
-            tile_k[c * DP + d] = select(0.0, x, ok);
-        }
+        put_k(p.k, bh, k0, lid); // tile_k is free: the previous block's P v is done
         workgroupBarrier();
+        if (k0 + BC < keys) {
+            fetch_k(bh, k0 + BC, lid);
+        }
 
         // S = (scale q) k^T for this lane's block, masked to keys <= query.
         var s: array<f32, Q_PER_LANE * K_PER_LANE>;
@@ -164,50 +293,46 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 }
             }
         }
+        // Each row's maximum over this lane's columns, then over the row's COLL lanes.
         for (var i = 0u; i < Q_PER_LANE; i++) {
             let r = tr + i * ROWL;
+            var mx = NEG_BIG;
             for (var j = 0u; j < K_PER_LANE; j++) {
                 let c = tc + j * COLL;
-                tile_s[r * SP + c] = select(NEG_BIG, s[i * K_PER_LANE + j], k0 + c <= q0 + r);
+                s[i * K_PER_LANE + j] = select(NEG_BIG, s[i * K_PER_LANE + j], k0 + c <= q0 + r);
+                mx = max(mx, s[i * K_PER_LANE + j]);
             }
+            red[r * COLL + tc] = mx;
         }
         workgroupBarrier();
-
-        // Every lane is done with k: stage v in its place. Meanwhile one lane per query row
-        // updates m and l and turns its scores into P = exp(S - m_new).
-        for (var e = lid; e < BC * DMAX; e += WG) {
-            let c = e / DMAX;
-            let d = e % DMAX;
-            let ok = k0 + c < p.t && d < p.d;
-            let x = v[select(0u, at(p.v, bh, k0 + c, d), ok)];
-            tile_k[c * DP + d] = select(0.0, x, ok);
-        }
-        if (lid < BR) {
-            let m_old = m_row[lid];
-            var m_new = m_old;
-            for (var c = 0u; c < BC; c++) {
-                m_new = max(m_new, tile_s[lid * SP + c]);
-            }
-            let alpha = exp(m_old - m_new);
-            var l = l_row[lid] * alpha;
-            for (var c = 0u; c < BC; c++) {
-                let pc = exp(tile_s[lid * SP + c] - m_new);
-                tile_s[lid * SP + c] = pc;
-                l += pc;
-            }
-            m_row[lid] = m_new;
-            l_row[lid] = l;
-            alpha_row[lid] = alpha;
-        }
-        workgroupBarrier();
-
-        // O = alpha O + P v.
+        // P = exp(S - m_new) into tile_s; O and l rescaled by exp(m_old - m_new). Every lane is
+        // done with k: v goes in its place.
         for (var i = 0u; i < Q_PER_LANE; i++) {
-            let alpha = alpha_row[tr + i * ROWL];
+            let r = tr + i * ROWL;
+            var m_new = m[i];
+            for (var c = 0u; c < COLL; c++) {
+                m_new = max(m_new, red[r * COLL + c]);
+            }
+            let alpha = exp(m[i] - m_new);
+            var sum = 0.0;
+            for (var j = 0u; j < K_PER_LANE; j++) {
+                let pc = exp(s[i * K_PER_LANE + j] - m_new);
+                tile_s[r * SP + tc + j * COLL] = pc;
+                sum += pc;
+            }
+            l[i] = l[i] * alpha + sum;
+            m[i] = m_new;
             for (var j = 0u; j < D_PER_LANE; j++) {
                 acc[i * D_PER_LANE + j] *= alpha;
             }
         }
+        put_v_in_k(p.v, bh, k0, lid);
+        workgroupBarrier();
+        if (k0 + BC < keys) {
+            fetch_v(bh, k0 + BC, lid);
+        }
+
+        // O += P v.
         for (var c = 0u; c < BC; c++) {
             var pr: array<f32, Q_PER_LANE>;
             var vc: array<f32, D_PER_LANE>;
@@ -223,22 +348,31 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 }
             }
         }
-        workgroupBarrier(); // tile_k and tile_s are staged again next block
+        workgroupBarrier(); // tile_k, tile_s and red are written again next block
     }
 
+    // Each row's sum over its COLL lanes.
+    for (var i = 0u; i < Q_PER_LANE; i++) {
+        red[(tr + i * ROWL) * COLL + tc] = l[i];
+    }
+    workgroupBarrier();
     for (var i = 0u; i < Q_PER_LANE; i++) {
         let r = tr + i * ROWL;
         if (q0 + r >= p.t) { continue; }
-        let inv_l = 1.0 / l_row[r];
+        var l_row = 0.0;
+        for (var c = 0u; c < COLL; c++) {
+            l_row += red[r * COLL + c];
+        }
+        let inv_l = 1.0 / l_row;
         for (var j = 0u; j < D_PER_LANE; j++) {
             let d = tc + j * COLL;
             if (d < p.d) {
                 out_a[at(p.o, bh, q0 + r, d)] = acc[i * D_PER_LANE + j] * inv_l;
             }
         }
-    }
-    if (lid < BR && q0 + lid < p.t) {
-        out_b[bh * p.t + q0 + lid] = m_row[lid] + log(l_row[lid]);
+        if (tc == 0u) {
+            out_b[bh * p.t + q0 + r] = m[i] + log(l_row);
+        }
     }
 }
 
@@ -290,7 +424,7 @@ fn probabilities(q0: u32, k0: u32, tr: u32, tc: u32) {
     }
 }
 
-// Stages BR rows of (scale q) and dO from query q0 (zero past T and D).
+// Stages the dQ pass's own BR rows of (scale q) and dO from query q0 (zero past T and D).
 fn stage_queries(bh: u32, q0: u32, lid: u32) {
     for (var e = lid; e < BR * DMAX; e += WG) {
         let r = e / DMAX;
@@ -303,7 +437,7 @@ fn stage_queries(bh: u32, q0: u32, lid: u32) {
     }
 }
 
-// Stages BC rows of k and v from key k0 (zero past T and D).
+// Stages the dK/dV pass's own BC rows of k and v from key k0 (zero past T and D).
 fn stage_keys(bh: u32, k0: u32, lid: u32) {
     for (var e = lid; e < BC * DMAX; e += WG) {
         let c = e / DMAX;
@@ -324,6 +458,9 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let tr = lid / COLL;
     let tc = lid % COLL;
 
+    // The first block of keys and values in flight while the queries are staged.
+    fetch_k(bh, 0u, lid);
+    fetch_v(bh, 0u, lid);
     stage_queries(bh, q0, lid);
     // D = rowsum(dO * O): each lane sums its columns of its rows, partials meet in tile_ds.
     for (var i = 0u; i < Q_PER_LANE; i++) {
@@ -358,8 +495,13 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let keys = min(q0 + BR, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
         workgroupBarrier(); // the previous block (or D's partials) is done with the tiles
-        stage_keys(bh, k0, lid);
+        put_k(p.k, bh, k0, lid);
+        put_v(p.v, bh, k0, lid);
         workgroupBarrier();
+        if (k0 + BC < keys) {
+            fetch_k(bh, k0 + BC, lid);
+            fetch_v(bh, k0 + BC, lid);
+        }
         probabilities(q0, k0, tr, tc);
         workgroupBarrier();
         // dQ += dS k
@@ -406,6 +548,12 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     let tr = lid / COLL;
     let tc = lid % COLL;
 
+    // The first block of queries (scale * q, dO, lse, D) in flight while the keys are staged.
+    // Queries before k0 see none of these keys.
+    let first = (k0 / BR) * BR;
+    fetch_q(bh, first, lid);
+    fetch_do(bh, first, lid);
+    fetch_ld(bh, first, lid);
     stage_keys(bh, k0, lid);
     var dk: array<f32, KR_PER_LANE * D_PER_LANE>;
     var dv: array<f32, KR_PER_LANE * D_PER_LANE>;
@@ -413,20 +561,14 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         dk[i] = 0.0;
         dv[i] = 0.0;
     }
-    // Queries before k0 see none of these keys.
-    for (var q0 = (k0 / BR) * BR; q0 < p.t; q0 += BR) {
-        stage_queries(bh, q0, lid);
-        if (lid < BR) {
-            var l = 0.0;
-            var dsum = 0.0;
-            if (q0 + lid < p.t) {
-                l = lse[bh * p.t + q0 + lid];
-                dsum = aux[bh * p.t + q0 + lid];
-            }
-            lse_row[lid] = l;
-            dvec_row[lid] = dsum;
-        }
+    for (var q0 = first; q0 < p.t; q0 += BR) {
+        put_queries(bh, q0, lid); // the tiles are free: the previous block is done with them
         workgroupBarrier();
+        if (q0 + BR < p.t) {
+            fetch_q(bh, q0 + BR, lid);
+            fetch_do(bh, q0 + BR, lid);
+            fetch_ld(bh, q0 + BR, lid);
+        }
         probabilities(q0, k0, tr, tc);
         workgroupBarrier();
         // dV += P^T dO, dK += dS^T (scale q), over this block's queries.

@@ -174,7 +174,7 @@ impl Tile {
             + one(bwd, rows_k) // tile_v
             + one(pass != Pass::Dq, s) // tile_s
             + one(bwd, s) // tile_ds
-            + 3 * one(!bwd, self.br) // m_row, l_row, alpha_row
+            + one(!bwd, self.br * self.coll) // red
             + 2 * one(bwd, self.br); // lse_row, dvec_row
         4 * floats
     }
