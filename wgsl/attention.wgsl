@@ -48,7 +48,7 @@ struct Params {
     heads: u32,
     t: u32,
     d: u32,
-    _pad0: u32,
+    batch: u32,
     scale: f32,
     _pad1: u32,
     _pad2: u32,

@@ -1,17 +1,19 @@
 // Fused causal self-attention on cooperative matrices (tensor cores), forward and backward:
-// the mixed-precision counterpart of attention.wgsl (same Params, bindings, entry-point
-// contracts and FlashAttention-2 algorithm; read that file's header for the math). The products
+// the mixed-precision counterpart of attention.wgsl (same Params and FlashAttention-2
+// algorithm; read that file's header for the math). The products
 // q k^T, P v, dO v^T, dS k, P^T dO and dS^T q run on f16 fragments with f32 accumulation; the
 // softmax, its statistics (m, l, lse), D and every accumulated output stay f32.
 //
-// Memory: q, k, v, dO are (B, H, T, D) f32 views read 4 elements at a time (the launcher checks
-// that D, every offset and every stride are multiples of 4); O, dQ, dK, dV are written as f32
-// scalars through their views; lse and D are contiguous (B, H, T) f32. Bindings as in
-// attention.wgsl: 1 out_a (O / dQ / dK), 2 out_b (lse / D / dV), 3 q, 4 k, 5 v, 6 dO, 7 lse,
-// 8 aux (O for attn_coop_dq, D for attn_coop_dkv).
+// Memory: q, k, v, dO are (B, H, T, D) f32 views read 4 elements at a time (the launcher
+// checks that D, every offset and every stride are multiples of 4); O, dQ, dK, dV are written
+// as f32 through their views; lse and D are contiguous (B, H, T) f32. Bindings: 1 out_a (O; dQ
+// and dK, views of one buffer), 2 out_b (lse; dV), 3 q, 4 k, 5 v, 6 dO, 7 lse, 8 aux (-; D)
+// for attn_coop_fwd; attn_coop_bwd, which runs both backward passes of attention.wgsl in one
+// dispatch (side by side, where two dispatches writing one gradient buffer would run one after
+// the other behind a barrier) after attention_d.wgsl has written D = rowsum(dO * O).
 //
 // Workgroup mapping: SG subgroups of SGS lanes; subgroup sg owns FS rows of the workgroup's
-// ROWS = SG * FS (queries for attn_coop_fwd and attn_coop_dq, keys for attn_coop_dkv) and loops
+// ROWS = SG * FS (queries for the forward and dQ, keys for dK/dV) and loops
 // over blocks of BC rows of the other side. The scores of a block (S, dP) run one FS x FS
 // fragment at a time (its accumulator a single variable: nothing indexes coop matrices at run
 // time) and are stored to the subgroup's f32 scratch rows; then the subgroup's lanes, LPR =
@@ -31,10 +33,10 @@
 // Tiles, f16, rows padded by 8 halves, regions of one array h_sh (see its declaration); fragments
 // are loaded row-major (coopLoadT) as A or B operands, or column-major (coopLoad) for the
 // transposed operands (k^T, v^T, q^T, dO^T).
-// Grid: x over blocks of ROWS (attn_coop_fwd and attn_coop_dq numbered from the last queries,
-// which have the most keys), y over b * H + h.
+// Grid: x over blocks of ROWS (the forward's numbered from the last queries, which have the
+// most keys; attn_coop_bwd's twice as many, both passes' blocks interleaved), y over b * H + h.
 //
-// Specialization: KIND (0 fwd, 1 dq, 2 dkv), FS, SGS, SG, BC, DMAX (head dim padded to a
+// Specialization: KIND (0 forward, 3 backward), FS, SGS, SG, BC, DMAX (head dim padded to a
 // multiple of FS), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
 // ACC_DK, ACC_DV (add into the target instead of overwriting it); snippet OWN.
 
@@ -44,7 +46,7 @@ struct Params {
     heads: u32,
     t: u32,
     d: u32,
-    _pad0: u32,
+    batch: u32,
     scale: f32,
     _pad1: u32,
     _pad2: u32,
@@ -67,11 +69,10 @@ struct Params {
 @group(0) @binding(5) var<storage, read> v: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read> dout: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read> lse: array<f32>;
-@group(0) @binding(8) var<storage, read> aux: array<f32>;
+@group(0) @binding(8) var<storage, read> aux: array<f32>; // D (backward)
 
 const KIND_FWD: u32 = 0u;
-const KIND_DQ: u32 = 1u;
-const KIND_DKV: u32 = 2u;
+const KIND_BWD: u32 = 3u; // dQ and dK/dV, workgroups of both in one dispatch
 const BWD: bool = KIND != KIND_FWD;
 
 const WG: u32 = SG * SGS;
@@ -86,7 +87,6 @@ const PS: u32 = BC + 8u;                   // P / dS row stride (halves)
 const SW: u32 = BC + 4u;
 const SW2: u32 = BC + 4u;
 const BW: u32 = BC / LPR;                  // a lane's columns of a [row][BC] block
-const DW: u32 = DMAX / LPR;                // a lane's columns of a [row][d] block
 const FE: u32 = FS * FS;                   // elements of a fragment
 // The score of a masked pair: finite, so exp(NEG_BIG - m) is 0 and exp(m_old - m_new) is
 // never NaN (every query row has key 0 in its first block, so m is finite after it).
@@ -105,13 +105,13 @@ const K_OFF: u32 = 0u;
 const V_OFF: u32 = BC * DS;
 const DO_OFF: u32 = BC * DS;
 const PP_OFF: u32 = 2u * BC * DS;
-const DS_OFF: u32 = select(PP_OFF + ROWS * PS, 2u * BC * DS, KIND == KIND_DQ);
+const DS_OFF: u32 = PP_OFF + ROWS * PS;
 const BLOCK_N: u32 = select(DS_OFF, PP_OFF, KIND == KIND_FWD) + ROWS * PS;
 var<workgroup> h_sh: array<f16, max(OWN_N, BLOCK_N)>;
 var<workgroup> sc: array<f32, ROWS * SW>;                           // scores / fragments out
 var<workgroup> sc2: array<f32, select(1u, ROWS * SW2, BWD)>;        // dP (dkv: dP^T)
-var<workgroup> lse_c: array<f32, select(1u, BC, KIND == KIND_DKV)>; // the block's queries
-var<workgroup> dvec_c: array<f32, select(1u, BC, KIND == KIND_DKV)>;
+var<workgroup> lse_c: array<f32, select(1u, BC, BWD)>; // dK/dV: the block's queries
+var<workgroup> dvec_c: array<f32, select(1u, BC, BWD)>;
 
 // Element (t, d) of head `bh` of a (B, H, T, D) view.
 fn at(view: vec4<u32>, bh: u32, t: u32, d: u32) -> u32 {
@@ -263,8 +263,8 @@ fn put_nx1(view: vec4<u32>, bh: u32, row0: u32, off: u32, lid: u32) {
 
 // The backward's own rows row0.. (dQ: scale * q, then dO; dK/dV: k, then v) through the start
 // of h_sh into the subgroups' fragments (own_a, own_b; rows r0.. of the subgroup).
-fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32) {
-    if (KIND == KIND_DQ) {
+fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32, dkv: bool) {
+    if (!dkv) {
         stage_q(bh, row0, lid);
     } else {
         stage_k(bh, row0, lid);
@@ -272,7 +272,7 @@ fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32) {
     workgroupBarrier();
     own_a(r0);
     workgroupBarrier();
-    if (KIND == KIND_DQ) {
+    if (!dkv) {
         stage_do(bh, row0, lid);
     } else {
         stage_v(bh, row0, lid);
@@ -349,28 +349,24 @@ fn b_do(r0: u32, d0: u32) -> MB {
     return b_tile(DO_OFF, r0, d0);
 }
 
-// The pass's B operands: of S (k^T for dQ, (scale q)^T for dK/dV), of dP (v^T, dO^T) and of
-// the dS product into the first output (k, scale q).
+// The backward's B operands: of S (k^T for dQ, (scale q)^T for dK/dV), of dP (v^T, dO^T) and
+// of the dS product into the first output (k, scale q). Both passes stage them at the same
+// offsets (Q_OFF = K_OFF, DO_OFF = V_OFF), so one workgroup's pass needs no branch around the
+// cooperative loads (naga takes a branch on a function's argument as non-uniform).
+const_assert Q_OFF == K_OFF && DO_OFF == V_OFF;
+
 fn bt_s(c0: u32, d0: u32) -> MB {
-    if (KIND == KIND_DKV) {
-        return bt_q(c0, d0);
-    }
     return bt_k(c0, d0);
 }
 
 fn bt_dp(c0: u32, d0: u32) -> MB {
-    if (KIND == KIND_DKV) {
-        return bt_do(c0, d0);
-    }
     return bt_v(c0, d0);
 }
 
+// The forward's P v, or the backward's dS k (dQ) and dS^T (scale q) (dK/dV).
 fn b_out(c0: u32, d0: u32) -> MB {
     if (KIND == KIND_FWD) {
         return b_v(c0, d0);
-    }
-    if (KIND == KIND_DKV) {
-        return b_q(c0, d0);
     }
     return b_k(c0, d0);
 }
@@ -417,15 +413,9 @@ fn row_sum(x: f32) -> f32 {
 // stores its accumulators straight from and to the outputs (`direct`); otherwise each output
 // fragment passes the subgroup's scratch rows and its lanes write what is inside T and D.
 
-// The first output (O, dQ, or dK) and whether it is accumulated into (O never is).
-const ACC_A: bool = select(ACC_DK, ACC_DQ, KIND == KIND_DQ) && KIND != KIND_FWD;
-
-fn view_a() -> vec4<u32> {
-    if (KIND == KIND_FWD) {
-        return p.o;
-    }
-    return select(p.dk, p.dq, KIND == KIND_DQ);
-}
+// Whether the first output (O, dQ or dK) is accumulated into (O never is; the launcher sets
+// ACC_DQ and ACC_DK together).
+const ACC_A: bool = ACC_DQ || ACC_DK;
 
 // The A operand of the first output's product: P (forward: O += P v), else scale * dS.
 fn a_out(r0: u32, c0: u32) -> MA {
@@ -539,9 +529,9 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         add_out(r0);
     }
     if (direct) {
-        store_out(bh, q0, r0);
+        store_out(bh, q0, r0, p.o);
     } else {
-        edge_store(bh, q0, r0, lane);
+        edge_store(bh, q0, r0, lane, p.o);
     }
     if (qi < p.t && part == 0u) {
         out_b[bh * p.t + qi] = lse_i;
@@ -549,146 +539,140 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 }
 
 // ------------------------------------------------------------------------------------------
-// Backward, dQ (and D = rowsum(dO * O)) for ROWS queries.
+// Backward: dQ, and dK with dV, in one dispatch. Workgroup x = 2 i + pass: pass 0 the dQ of
+// the i-th block of ROWS queries from the last (which have the most keys), pass 1 the dK and
+// dV of the i-th block of ROWS keys (the first have the most queries), so the longest of both
+// start first and the two run side by side. dQ and dK go to out_a through their views, dV to
+// out_b; both read D = rowsum(dO * O) from aux, written by attention_d.wgsl just before (dK/dV
+// finding it for each block of queries from dO and O as they arrive cost more than that
+// dispatch at every shape measured; PROFILING.md). Both passes are written out here, in the
+// entry point: their rows come from the workgroup id, which naga takes as uniform, and
+// cooperative operations need uniform control flow (naga takes a function's arguments as
+// non-uniform).
 
 @compute @workgroup_size(WG)
-fn attn_coop_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                @builtin(local_invocation_index) lid: u32,
-                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let bh = wid.y;
-    let q0 = (nwg.x - 1u - wid.x) * ROWS;
-    let r0 = sg * FS;
-    let row = r0 + lane / LPR;
-    let part = lane % LPR;
-    let qi = q0 + row;
-
-    // The first block of keys and values in flight while the subgroup's queries become
-    // fragments: scale * q, then dO.
-    fetch_k(bh, 0u, lid);
-    fetch_v(bh, 0u, lid);
-    own_rows(bh, q0, r0, lid);
-    // D for this lane's query: its columns, then the row's lanes combined.
-    var dpart = 0.0;
-    var lse_i = 0.0;
-    if (qi < p.t) {
-        for (var j = 0u; j < DW; j++) {
-            let d = part * DW + j;
-            if (d < p.d) {
-                let g = dout[at(p.dout, bh, qi, d) / 4u][d % 4u];
-                dpart = fma(g, aux[at(p.o, bh, qi, d)], dpart);
-            }
-        }
-        lse_i = lse[bh * p.t + qi];
-    }
-    let dvec = row_sum(dpart);
-    if (qi < p.t && part == 0u) {
-        out_b[bh * p.t + qi] = dvec;
-    }
-    // (Computed here from the workgroup id: naga takes it as uniform, and cooperative
-    // operations need uniform control flow.)
-    let direct = q0 + ROWS <= p.t && p.d == DMAX && all(p.dq % vec4<u32>(4u) == vec4<u32>());
-    zero_out();
-    if (direct) {
-        load_out(bh, q0, r0);
-    }
-
-    let keys = min(q0 + ROWS, p.t);
-    for (var k0 = 0u; k0 < keys; k0 += BC) {
-        workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
-        put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
-        put_nx1(p.v, bh, k0, V_OFF, lid);
-        workgroupBarrier();
-        if (k0 + BC < keys) {
-            fetch_k(bh, k0 + BC, lid);
-            fetch_v(bh, k0 + BC, lid);
-        }
-        // S = (scale q) k^T and dP = dO v^T.
-        for (var c0 = 0u; c0 < BC; c0 += FS) {
-            s_dp(r0, c0);
-        }
-        workgroupBarrier();
-        // dS = P (dP - D), P = exp(S - lse) on unmasked pairs; times scale, so that
-        // dQ = (scale dS) k.
-        for (var j = 0u; j < BW; j++) {
-            let c = part * BW + j;
-            let valid = k0 + c <= qi && qi < p.t;
-            let pc = select(0.0, exp(sc[row * SW + c] - lse_i), valid);
-            h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec) * p.scale);
-        }
-        workgroupBarrier();
-        // dQ += (scale dS) k.
-        add_out(r0);
-    }
-    if (direct) {
-        store_out(bh, q0, r0);
-    } else {
-        edge_store(bh, q0, r0, lane);
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// Backward, dK and dV for ROWS keys, over the blocks of BC queries at or after them. The
-// products run transposed: S^T = k (scale q)^T, dP^T = v dO^T, dV += P^T dO, dK += dS^T (scale q).
-
-@compute @workgroup_size(WG)
-fn attn_coop_dkv(@builtin(workgroup_id) wid: vec3<u32>,
+fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32,
                  @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let bh = wid.y;
-    let k0 = wid.x * ROWS;
-    let r0 = sg * FS;
-    let row = r0 + lane / LPR;
+    let blocks = nwg.x / 2u;
+    let i = wid.x / 2u;
+    let r0 = sg * FS;                 // the subgroup's rows of the tiles
+    let row = r0 + lane / LPR;        // this lane's scratch row
     let part = lane % LPR;
-    let kj = k0 + row;                // this lane's key
-
-    // The first block of queries (q, dO, lse, D) in flight while the subgroup's keys become
-    // fragments: k, then v. Queries before k0 see none of these keys.
-    let first = (k0 / BC) * BC;
-    fetch_q(bh, first, lid);
-    fetch_do(bh, first, lid);
-    fetch_ld(bh, first, lid);
-    own_rows(bh, k0, r0, lid);
-    let direct = k0 + ROWS <= p.t && p.d == DMAX && all(p.dk % vec4<u32>(4u) == vec4<u32>())
-        && all(p.dv % vec4<u32>(4u) == vec4<u32>());
-    zero_out();
-    if (direct) {
-        load_out(bh, k0, r0);
-    }
-
-    for (var q0 = first; q0 < p.t; q0 += BC) {
-        workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or the own rows) is done
-        put_nx0(p.q, bh, q0, Q_OFF, p.scale, lid);
-        put_nx1(p.dout, bh, q0, DO_OFF, lid);
-        if (lid < BC) {
-            let inside = q0 + lid < p.t;
-            lse_c[lid] = select(0.0, nl, inside);
-            dvec_c[lid] = select(0.0, nd, inside);
+    if (wid.x % 2u == 0u) {
+        // dQ for ROWS queries from q0, over the blocks of BC keys up to them.
+        let q0 = (blocks - 1u - i) * ROWS;
+        let qi = q0 + row;
+        // The first block of keys and values in flight while the subgroup's queries become
+        // fragments: scale * q, then dO.
+        fetch_k(bh, 0u, lid);
+        fetch_v(bh, 0u, lid);
+        own_rows(bh, q0, r0, lid, false);
+        // This lane's query's lse and D.
+        var lse_i = 0.0;
+        var dvec = 0.0;
+        if (qi < p.t) {
+            lse_i = lse[bh * p.t + qi];
+            dvec = aux[bh * p.t + qi];
         }
-        workgroupBarrier();
-        if (q0 + BC < p.t) {
-            fetch_q(bh, q0 + BC, lid);
-            fetch_do(bh, q0 + BC, lid);
-            fetch_ld(bh, q0 + BC, lid);
+        let direct = q0 + ROWS <= p.t && p.d == DMAX
+            && all(p.dq % vec4<u32>(4u) == vec4<u32>());
+        zero_out();
+        if (direct) {
+            load_out(bh, q0, r0, p.dq);
         }
-        for (var c0 = 0u; c0 < BC; c0 += FS) {
-            s_dp(r0, c0);
+        let keys = min(q0 + ROWS, p.t);
+        for (var k0 = 0u; k0 < keys; k0 += BC) {
+            workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
+            put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
+            put_nx1(p.v, bh, k0, V_OFF, lid);
+            workgroupBarrier();
+            if (k0 + BC < keys) {
+                fetch_k(bh, k0 + BC, lid);
+                fetch_v(bh, k0 + BC, lid);
+            }
+            // S = (scale q) k^T and dP = dO v^T.
+            for (var c0 = 0u; c0 < BC; c0 += FS) {
+                s_dp(r0, c0);
+            }
+            workgroupBarrier();
+            // dS = P (dP - D), P = exp(S - lse) on unmasked pairs; times scale, so that
+            // dQ = (scale dS) k.
+            for (var j = 0u; j < BW; j++) {
+                let c = part * BW + j;
+                let valid = k0 + c <= qi && qi < p.t;
+                let pc = select(0.0, exp(sc[row * SW + c] - lse_i), valid);
+                h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec) * p.scale);
+            }
+            workgroupBarrier();
+            // dQ += (scale dS) k.
+            add_out(r0);
         }
-        workgroupBarrier();
-        for (var j = 0u; j < BW; j++) {
-            let c = part * BW + j;
-            let qc = q0 + c;
-            let valid = kj <= qc && qc < p.t;
-            let pc = select(0.0, exp(sc[row * SW + c] - lse_c[c]), valid);
-            h_sh[PP_OFF + row * PS + c] = f16(pc);
-            h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
+        if (direct) {
+            store_out(bh, q0, r0, p.dq);
+        } else {
+            edge_store(bh, q0, r0, lane, p.dq);
         }
-        workgroupBarrier();
-        // dV += P^T dO, dK += dS^T (scale q).
-        add_out(r0);
-    }
-    if (direct) {
-        store_out(bh, k0, r0);
     } else {
-        edge_store(bh, k0, r0, lane);
+        // dK and dV for ROWS keys from k0, over the blocks of BC queries at or after them. The
+        // products run transposed: S^T = k (scale q)^T, dP^T = v dO^T, dV += P^T dO,
+        // dK += dS^T (scale q).
+        let k0 = i * ROWS;
+        let kj = k0 + row;                // this lane's key
+        // The first block of queries (q, dO, lse, D) in flight while the subgroup's keys
+        // become fragments: k, then v. Queries before k0 see none of these keys.
+        let first = (k0 / BC) * BC;
+        fetch_q(bh, first, lid);
+        fetch_do(bh, first, lid);
+        fetch_ld(bh, first, lid);
+        own_rows(bh, k0, r0, lid, true);
+        let direct = k0 + ROWS <= p.t && p.d == DMAX
+            && all(p.dk % vec4<u32>(4u) == vec4<u32>())
+            && all(p.dv % vec4<u32>(4u) == vec4<u32>());
+        zero_out();
+        if (direct) {
+            load_out(bh, k0, r0, p.dk);
+            load_dv(bh, k0, r0);
+        }
+        for (var q0 = first; q0 < p.t; q0 += BC) {
+            workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or own rows) is done
+            put_nx0(p.q, bh, q0, Q_OFF, p.scale, lid);
+            put_nx1(p.dout, bh, q0, DO_OFF, lid);
+            if (lid < BC) {
+                let inside = q0 + lid < p.t;
+                lse_c[lid] = select(0.0, nl, inside);
+                dvec_c[lid] = select(0.0, nd, inside);
+            }
+            workgroupBarrier();
+            if (q0 + BC < p.t) {
+                fetch_q(bh, q0 + BC, lid);
+                fetch_do(bh, q0 + BC, lid);
+                fetch_ld(bh, q0 + BC, lid);
+            }
+            for (var c0 = 0u; c0 < BC; c0 += FS) {
+                s_dp(r0, c0);
+            }
+            workgroupBarrier();
+            for (var j = 0u; j < BW; j++) {
+                let c = part * BW + j;
+                let qc = q0 + c;
+                let valid = kj <= qc && qc < p.t;
+                let pc = select(0.0, exp(sc[row * SW + c] - lse_c[c]), valid);
+                h_sh[PP_OFF + row * PS + c] = f16(pc);
+                h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
+            }
+            workgroupBarrier();
+            // dK += dS^T (scale q), dV += P^T dO.
+            add_out(r0);
+            add_dv(r0);
+        }
+        if (direct) {
+            store_out(bh, k0, r0, p.dk);
+            store_dv(bh, k0, r0);
+        } else {
+            edge_store(bh, k0, r0, lane, p.dk);
+            edge_dv(bh, k0, r0, lane);
+        }
     }
 }

@@ -23,7 +23,8 @@ pub struct AttentionParams {
     pub heads: u32,
     pub t: u32,
     pub d: u32,
-    pub _pad0: u32,
+    /// B (read by `attention_d.wgsl`; the other kernels count rows by the grid).
+    pub batch: u32,
     pub scale: f32,
     pub _pad1: u32,
     pub _pad2: u32,

@@ -30,29 +30,13 @@ pub static ATTN_COOP_FWD: KernelDesc = KernelDesc {
     params_size: PARAMS,
 };
 
-/// dQ (B, H, T, D), D (B, H, T) <- q, k, v, dO, lse, O.
-pub static ATTN_COOP_DQ: KernelDesc = KernelDesc {
-    name: "attn_coop_dq",
+/// dQ and dK (views of one buffer), dV (B, H, T, D) <- q, k, v, dO, lse, D (`ATTN_D`'s): both
+/// backward passes of `attention` in one dispatch, their workgroups side by side.
+pub static ATTN_COOP_BWD: KernelDesc = KernelDesc {
+    name: "attn_coop_bwd",
     family: &FAMILY,
     storage: &[
-        Access::ReadWrite, // dQ
-        Access::ReadWrite, // D
-        Access::Read,      // q
-        Access::Read,      // k
-        Access::Read,      // v
-        Access::Read,      // dO
-        Access::Read,      // lse
-        Access::Read,      // O
-    ],
-    params_size: PARAMS,
-};
-
-/// dK, dV (B, H, T, D) <- q, k, v, dO, lse, D (after `ATTN_COOP_DQ`).
-pub static ATTN_COOP_DKV: KernelDesc = KernelDesc {
-    name: "attn_coop_dkv",
-    family: &FAMILY,
-    storage: &[
-        Access::ReadWrite, // dK
+        Access::ReadWrite, // dQ and dK
         Access::ReadWrite, // dV
         Access::Read,      // q
         Access::Read,      // k
@@ -64,11 +48,38 @@ pub static ATTN_COOP_DKV: KernelDesc = KernelDesc {
     params_size: PARAMS,
 };
 
+pub static D_FAMILY: Family = Family {
+    name: "attention_d",
+    source: include_str!("../../wgsl/attention_d.wgsl"),
+    workgroup_reduce: false,
+};
+
+/// D = rowsum(dO * O), (B, H, T) <- dO, O: before `ATTN_COOP_BWD`, which reads it.
+pub static ATTN_D: KernelDesc = KernelDesc {
+    name: "attn_d",
+    family: &D_FAMILY,
+    storage: &[
+        Access::ReadWrite, // D
+        Access::Read,      // dO
+        Access::Read,      // O
+    ],
+    params_size: PARAMS,
+};
+
+/// `ATTN_D`'s workgroups for `rows` = B * H * T query rows (attention_d.wgsl: 4 lanes a row,
+/// 256 lanes a workgroup).
+pub fn d_workgroups(rows: usize) -> u64 {
+    (rows as u64 * 4).div_ceil(256)
+}
+
+/// KIND of `ATTN_COOP_BWD` in the WGSL.
+const KIND_BWD: u32 = 3;
+
+/// The kernel of `pass`: the backward passes share one (`ATTN_COOP_BWD`).
 pub fn kernel(pass: Pass) -> &'static KernelDesc {
     match pass {
         Pass::Forward => &ATTN_COOP_FWD,
-        Pass::Dq => &ATTN_COOP_DQ,
-        Pass::Dkv => &ATTN_COOP_DKV,
+        Pass::Dq | Pass::Dkv => &ATTN_COOP_BWD,
     }
 }
 
@@ -96,14 +107,14 @@ impl Tile {
         // h_sh: the block's tiles, or the workgroup's own rows on their way into fragments,
         // whichever is larger.
         let block = match pass {
-            Pass::Forward | Pass::Dq => 2 * bc * ds + rows * ps,
-            Pass::Dkv => 2 * bc * ds + 2 * rows * ps,
+            Pass::Forward => 2 * bc * ds + rows * ps,
+            Pass::Dq | Pass::Dkv => 2 * bc * ds + 2 * rows * ps, // one kernel: P and dS
         };
         let halves = block.max(rows * ds);
         let one = |used: bool, n: u32| if used { n } else { 1 };
         let floats = rows * (bc + 4) // sc
             + one(bwd, rows * (bc + 4)) // sc2
-            + 2 * one(pass == Pass::Dkv, bc); // lse_c, dvec_c
+            + 2 * one(bwd, bc); // lse_c, dvec_c
         2 * halves + 4 * floats
     }
 }
@@ -138,19 +149,23 @@ fn forced_tile() -> Option<(u32, u32)> {
     })
 }
 
-/// `acc_a`: add into the first output (dQ, or dK) instead of overwriting it; `acc_b` the
-/// same for dV.
+/// The forward's variant, or (`Pass::Dq` or `Pass::Dkv`) the backward kernel's: `acc_a`
+/// adds into dQ and dK instead of overwriting them, `acc_b` into dV.
 pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
+    let (kind, [dq, dk, dv]) = match pass {
+        Pass::Forward => (Pass::Forward as u32, [false; 3]),
+        Pass::Dq | Pass::Dkv => (KIND_BWD, [acc_a, acc_a, acc_b]),
+    };
     coop.with_fragments(Spec::new())
-        .u32("KIND", pass as u32)
+        .u32("KIND", kind)
         .u32("FS", coop.fs)
         .u32("SGS", coop.sgs)
         .u32("SG", t.sg)
         .u32("BC", t.bc)
         .u32("DMAX", t.dmax)
-        .bool("ACC_DQ", pass == Pass::Dq && acc_a)
-        .bool("ACC_DK", pass == Pass::Dkv && acc_a)
-        .bool("ACC_DV", pass == Pass::Dkv && acc_b)
+        .bool("ACC_DQ", dq)
+        .bool("ACC_DK", dk)
+        .bool("ACC_DV", dv)
         .source("OWN", own_source(t.dmax / coop.fs, coop.fs))
 }
 
@@ -174,6 +189,14 @@ fn write_own_source(nf: u32, fs: u32) -> String {
     let mut s = String::new();
     let w = &mut s;
     let frags = || (0..nf).map(move |i| (i, i * fs));
+    // One function: its header, a line per fragment, its end.
+    let func = |w: &mut String, head: &str, line: &dyn Fn(u32, u32) -> String, end: &str| {
+        let _ = writeln!(w, "\n{head}");
+        for (i, d) in frags() {
+            let _ = writeln!(w, "{}", line(i, d));
+        }
+        let _ = writeln!(w, "{end}");
+    };
     let _ = writeln!(w, "// Generated for {nf} fragments across the head dim.");
     for (i, _) in frags() {
         let _ = writeln!(
@@ -182,87 +205,110 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         );
     }
     for which in ["a", "b"] {
-        let _ = writeln!(w, "\nfn own_{which}(r0: u32) {{");
-        for (i, d) in frags() {
-            let _ = writeln!(w, "    o{which}{i} = a_tile(0u, r0, {d}u);");
-        }
-        let _ = writeln!(w, "}}");
-    }
-    let _ = writeln!(w, "\nfn s_only(r0: u32, c0: u32) {{\n    var s = MC();");
-    for (i, d) in frags() {
-        let _ = writeln!(w, "    s = coopMultiplyAdd(oa{i}, bt_k(c0, {d}u), s);");
-    }
-    let _ = writeln!(w, "    store_sc(s, r0, c0);\n}}");
-    let _ = writeln!(
-        w,
-        "\nfn s_dp(r0: u32, c0: u32) {{\n    var s = MC();\n    var dp = MC();"
-    );
-    for (i, d) in frags() {
-        let _ = writeln!(
+        func(
             w,
-            "    s = coopMultiplyAdd(oa{i}, bt_s(c0, {d}u), s);\n    dp = coopMultiplyAdd(ob{i}, bt_dp(c0, {d}u), dp);"
+            &format!("fn own_{which}(r0: u32) {{"),
+            &|i, d| format!("    o{which}{i} = a_tile(0u, r0, {d}u);"),
+            "}",
         );
     }
-    let _ = writeln!(
+    func(
         w,
-        "    store_sc(s, r0, c0);\n    store_sc2(dp, r0, c0);\n}}\n\nfn add_out(r0: u32) {{\n    for (var c0 = 0u; c0 < BC; c0 += FS) {{\n        let ds = a_out(r0, c0);"
+        "fn s_only(r0: u32, c0: u32) {\n    var s = MC();",
+        &|i, d| format!("    s = coopMultiplyAdd(oa{i}, bt_k(c0, {d}u), s);"),
+        "    store_sc(s, r0, c0);\n}",
     );
-    for (i, d) in frags() {
-        let _ = writeln!(
-            w,
-            "        acc{i} = coopMultiplyAdd(ds, b_out(c0, {d}u), acc{i});"
-        );
-    }
-    let _ = writeln!(
+    func(
         w,
-        "        if (KIND == KIND_DKV) {{\n            let pp = a_pp(r0, c0);"
+        "fn s_dp(r0: u32, c0: u32) {\n    var s = MC();\n    var dp = MC();",
+        &|i, d| {
+            format!(
+                "    s = coopMultiplyAdd(oa{i}, bt_s(c0, {d}u), s);\n    dp = coopMultiplyAdd(ob{i}, bt_dp(c0, {d}u), dp);"
+            )
+        },
+        "    store_sc(s, r0, c0);\n    store_sc2(dp, r0, c0);\n}",
     );
-    for (i, d) in frags() {
-        let _ = writeln!(
-            w,
-            "            acc2_{i} = coopMultiplyAdd(pp, b_do(c0, {d}u), acc2_{i});"
-        );
-    }
-    let _ = writeln!(w, "        }}\n    }}\n}}\n\nfn zero_out() {{");
-    for (i, _) in frags() {
-        let _ = writeln!(w, "    acc{i} = MC();\n    acc2_{i} = MC();");
-    }
-    // The outputs straight from and to their views (rows row0 + r0..).
-    let _ = writeln!(
+    func(
         w,
-        "}}\n\nfn load_out(bh: u32, row0: u32, r0: u32) {{\n    let va = view_a();\n    let sa = va.w;\n    let sb = p.dv.w;"
+        "fn add_out(r0: u32) {\n    for (var c0 = 0u; c0 < BC; c0 += FS) {\n        let ds = a_out(r0, c0);",
+        &|i, d| format!("        acc{i} = coopMultiplyAdd(ds, b_out(c0, {d}u), acc{i});"),
+        "    }\n}",
     );
-    for (i, d) in frags() {
-        let _ = writeln!(
-            w,
-            "    if (ACC_A) {{\n        let i{i} = at(va, bh, row0 + r0, {d}u);\n        acc{i} = coopLoadT<MC>(&out_a[i{i}], sa);\n    }}\n\
-             \x20   if (ACC_DV) {{\n        let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n        acc2_{i} = coopLoadT<MC>(&out_b[j{i}], sb);\n    }}"
-        );
-    }
-    let _ = writeln!(
+    func(
         w,
-        "}}\n\nfn store_out(bh: u32, row0: u32, r0: u32) {{\n    let va = view_a();\n    let sa = va.w;\n    let sb = p.dv.w;"
+        "fn add_dv(r0: u32) {\n    for (var c0 = 0u; c0 < BC; c0 += FS) {\n        let pp = a_pp(r0, c0);",
+        &|i, d| format!("        acc2_{i} = coopMultiplyAdd(pp, b_do(c0, {d}u), acc2_{i});"),
+        "    }\n}",
     );
-    for (i, d) in frags() {
-        let _ = writeln!(
-            w,
-            "    let i{i} = at(va, bh, row0 + r0, {d}u);\n    coopStoreT(acc{i}, &out_a[i{i}], sa);\n\
-             \x20   if (KIND == KIND_DKV) {{\n        let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n        coopStoreT(acc2_{i}, &out_b[j{i}], sb);\n    }}"
-        );
-    }
+    func(
+        w,
+        "fn zero_out() {",
+        &|i, _| format!("    acc{i} = MC();\n    acc2_{i} = MC();"),
+        "}",
+    );
+    // The outputs straight from and to their views (rows row0 + r0..): the first (O, dQ or
+    // dK) through `va`, dV through p.dv.
+    func(
+        w,
+        "fn load_out(bh: u32, row0: u32, r0: u32, va: vec4<u32>) {\n    let sa = va.w;",
+        &|i, d| {
+            format!(
+                "    if (ACC_A) {{\n        let i{i} = at(va, bh, row0 + r0, {d}u);\n        acc{i} = coopLoadT<MC>(&out_a[i{i}], sa);\n    }}"
+            )
+        },
+        "}",
+    );
+    func(
+        w,
+        "fn load_dv(bh: u32, row0: u32, r0: u32) {\n    let sb = p.dv.w;",
+        &|i, d| {
+            format!(
+                "    if (ACC_DV) {{\n        let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n        acc2_{i} = coopLoadT<MC>(&out_b[j{i}], sb);\n    }}"
+            )
+        },
+        "}",
+    );
+    func(
+        w,
+        "fn store_out(bh: u32, row0: u32, r0: u32, va: vec4<u32>) {\n    let sa = va.w;",
+        &|i, d| {
+            format!(
+                "    let i{i} = at(va, bh, row0 + r0, {d}u);\n    coopStoreT(acc{i}, &out_a[i{i}], sa);"
+            )
+        },
+        "}",
+    );
+    func(
+        w,
+        "fn store_dv(bh: u32, row0: u32, r0: u32) {\n    let sb = p.dv.w;",
+        &|i, d| {
+            format!(
+                "    let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n    coopStoreT(acc2_{i}, &out_b[j{i}], sb);"
+            )
+        },
+        "}",
+    );
     // On the edge of T or D: one fragment at a time through the subgroup's scratch rows.
-    let _ = writeln!(
+    func(
         w,
-        "}}\n\nfn edge_store(bh: u32, row0: u32, r0: u32, lane: u32) {{"
+        "fn edge_store(bh: u32, row0: u32, r0: u32, lane: u32, va: vec4<u32>) {",
+        &|i, d| {
+            format!(
+                "    store_sc(acc{i}, r0, 0u);\n    workgroupBarrier();\n    edge_out(0u, va, ACC_A, bh, row0, r0, {d}u, lane);\n    workgroupBarrier();"
+            )
+        },
+        "}",
     );
-    for (i, d) in frags() {
-        let _ = writeln!(
-            w,
-            "    store_sc(acc{i}, r0, 0u);\n    workgroupBarrier();\n    edge_out(0u, view_a(), ACC_A, bh, row0, r0, {d}u, lane);\n    workgroupBarrier();\n\
-             \x20   if (KIND == KIND_DKV) {{\n        store_sc(acc2_{i}, r0, 0u);\n        workgroupBarrier();\n        edge_out(1u, p.dv, ACC_DV, bh, row0, r0, {d}u, lane);\n        workgroupBarrier();\n    }}"
-        );
-    }
-    let _ = writeln!(w, "}}");
+    func(
+        w,
+        "fn edge_dv(bh: u32, row0: u32, r0: u32, lane: u32) {",
+        &|i, d| {
+            format!(
+                "    store_sc(acc2_{i}, r0, 0u);\n    workgroupBarrier();\n    edge_out(1u, p.dv, ACC_DV, bh, row0, r0, {d}u, lane);\n    workgroupBarrier();"
+            )
+        },
+        "}",
+    );
     s
 }
 
@@ -275,16 +321,18 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
             let Some(t) = tile(pass, dmax, coop, max_workgroup_bytes) else {
                 continue;
             };
+            // The backward (one kernel for both passes) adds into all its outputs or none.
             let accs: &[(bool, bool)] = match pass {
                 Pass::Forward => &[(false, false)],
-                Pass::Dq => &[(false, false), (true, false)],
-                Pass::Dkv => &[(false, false), (true, false), (false, true), (true, true)],
+                Pass::Dq => continue,
+                Pass::Dkv => &[(false, false), (true, true)],
             };
             for &(a, b) in accs {
                 v.push((kernel(pass), spec(pass, t, coop, a, b)));
             }
         }
     }
+    v.push((&ATTN_D, Spec::new()));
     v
 }
 

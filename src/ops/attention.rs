@@ -11,8 +11,8 @@ use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Layout, Storage, Tensor};
 use crate::kernels::attention::{self, AttentionParams, Pass, MAX_HEAD_DIM};
-use crate::kernels::attention_coop;
 use crate::kernels::matmul_coop::Coop;
+use crate::kernels::{attention_coop, Spec};
 use crate::ops::autocast_enabled;
 use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
@@ -62,6 +62,9 @@ impl Backward for CausalAttentionBackward {
         let dvec = Tensor::uninit(g.device(), &shape[..3], DType::F32, OP)?; // D (B, H, T)
         if self.fused_qkv {
             return self.backward_qkv(&g, &dvec, ctx);
+        }
+        if self.coop.is_some() {
+            return self.backward_coop(&g, &dvec, ctx);
         }
         let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, &g, &dvec];
 
@@ -131,6 +134,29 @@ impl Backward for CausalAttentionBackward {
 }
 
 impl CausalAttentionBackward {
+    /// The cooperative-matrix backward of separate q, k, v: its one kernel writes dQ, dK and dV
+    /// through views of one buffer, so they go to a new (3, B, H, T, D) tensor, each handed on
+    /// as a view or copied (added) into its target.
+    fn backward_coop(&self, g: &Tensor, dvec: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
+        let shape = self.q.shape().to_vec();
+        let mut all = vec![3];
+        all.extend_from_slice(&shape);
+        let grads = Tensor::uninit(self.q.device(), &all, DType::F32, OP)?;
+        let views = (0..3)
+            .map(|i| grads.narrow(0, i, 1)?.reshape(&shape))
+            .collect::<Result<Vec<_>>>()?;
+        self.launch_both(g, dvec, [&views[0], &views[1], &views[2]], false)?;
+        for (i, grad) in views.into_iter().enumerate() {
+            if ctx.needed(i) {
+                ctx.put_with(i, |out| match out {
+                    Out::New => Ok(grad),
+                    _ => launch_copy(&grad, out),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     /// dQ, dK, dV into the thirds of the fused (B, T, 3C) input's gradient: a new gradient
     /// is written whole by the two kernels (no zeroed buffer to add into, as three separate
     /// views of it would need); one that cannot be viewed so, or shares storage with what the
@@ -164,9 +190,14 @@ impl CausalAttentionBackward {
                 }
             };
             let [dq, dk, dv] = heads;
-            let target_of = |t: Tensor| Target::Direct { t, acc };
-            self.launch_dq(g, dvec, &target_of(dq))?;
-            self.launch_dkv(g, dvec, &target_of(dk), &target_of(dv))?;
+            if self.coop.is_some() {
+                // Views of one buffer: both passes in one dispatch.
+                self.launch_both(g, dvec, [&dq, &dk, &dv], acc)?;
+            } else {
+                let target_of = |t: Tensor| Target::Direct { t, acc };
+                self.launch_dq(g, dvec, &target_of(dq))?;
+                self.launch_dkv(g, dvec, &target_of(dk), &target_of(dv))?;
+            }
             match fresh {
                 None => Ok(target),
                 Some(fresh) => match out {
@@ -180,6 +211,7 @@ impl CausalAttentionBackward {
     fn params(&self, g: &Tensor) -> AttentionParams {
         let s = self.q.shape();
         AttentionParams {
+            batch: s[0] as u32,
             heads: s[1] as u32,
             t: s[2] as u32,
             d: s[3] as u32,
@@ -193,7 +225,7 @@ impl CausalAttentionBackward {
         }
     }
 
-    /// dQ into `dq`, and D into `dvec`.
+    /// dQ into `dq`, and D into `dvec` (f32 kernels).
     fn launch_dq(&self, g: &Tensor, dvec: &Tensor, dq: &Target<'_>) -> Result<()> {
         let (out, acc) = dq.kernel_out();
         let params = AttentionParams {
@@ -213,7 +245,82 @@ impl CausalAttentionBackward {
         dispatch(Pass::Dq, &self.q, &params, &storage, acc, false, self.coop)
     }
 
-    /// dK into `dk` and dV into `dv`; needs D from `launch_dq`.
+    /// dQ, dK and dV (views of one buffer) from one dispatch of the cooperative-matrix
+    /// kernels' `ATTN_COOP_BWD`, its dQ and dK/dV workgroups side by side; `acc` adds into
+    /// all three.
+    fn launch_both(
+        &self,
+        g: &Tensor,
+        dvec: &Tensor,
+        [dq, dk, dv]: [&Tensor; 3],
+        acc: bool,
+    ) -> Result<()> {
+        let coop = self
+            .coop
+            .expect("launch_both is for the cooperative-matrix kernels");
+        debug_assert!(dq.same_storage(dk) && dk.same_storage(dv));
+        let s = self.q.shape();
+        let dmax = attention::head_dim_bucket(s[3]).ok_or_else(|| Error::InvalidArgument {
+            op: OP,
+            reason: format!(
+                "head dim {} is over {MAX_HEAD_DIM} (checked by the forward)",
+                s[3]
+            ),
+        })?;
+        let device = self.q.device();
+        let limit = device.gpu().limits.max_compute_workgroup_storage_size;
+        let t = attention_coop::tile(Pass::Dkv, dmax, coop, limit).ok_or_else(|| {
+            Error::InvalidArgument {
+                op: OP,
+                reason: "no cooperative-matrix attention tile fits (checked by the forward)".into(),
+            }
+        })?;
+        let params = AttentionParams {
+            dq: view(dq),
+            dk: view(dk),
+            dv: view(dv),
+            ..self.params(g)
+        };
+        // D = rowsum(dO * O) first: both passes read it.
+        device.record(
+            &attention_coop::ATTN_D,
+            &Spec::new(),
+            &params,
+            &[dvec.storage(), g.storage(), self.o.storage()],
+            device.grid(attention_coop::d_workgroups(s[0] * s[1] * s[2])),
+        );
+        let storage = [
+            dq.storage(),
+            dv.storage(),
+            self.q.storage(),
+            self.k.storage(),
+            self.v.storage(),
+            g.storage(),
+            self.lse.storage(),
+            dvec.storage(),
+        ];
+        // Each pass's blocks of T, interleaved (x = 2 i + pass), over b * H + h.
+        let blocks = s[2].div_ceil(t.rows(coop) as usize);
+        let groups = [2 * blocks, s[0] * s[1]];
+        let max = device.gpu().limits.max_compute_workgroups_per_dimension as usize;
+        if let Some(&count) = groups.iter().find(|&&n| n > max) {
+            return Err(Error::TooManyWorkgroups {
+                what: format!("{OP} backward over q of shape {s:?}"),
+                count: count as u64,
+                limit: max as u64,
+            });
+        }
+        device.record(
+            &attention_coop::ATTN_COOP_BWD,
+            &attention_coop::spec(Pass::Dkv, t, coop, acc, acc),
+            &params,
+            &storage,
+            [groups[0] as u32, groups[1] as u32, 1],
+        );
+        Ok(())
+    }
+
+    /// dK into `dk` and dV into `dv` (f32 kernels); needs D from `launch_dq`.
     fn launch_dkv(
         &self,
         g: &Tensor,
@@ -588,6 +695,7 @@ fn attention_forward(
     let lse = Tensor::uninit(device, &[b, h, t], DType::F32, OP)?;
     if o.numel() > 0 {
         let params = AttentionParams {
+            batch: b as u32,
             heads: h as u32,
             t: t as u32,
             d: d as u32,
