@@ -261,6 +261,20 @@ fn put_nx1(view: vec4<u32>, bh: u32, row0: u32, off: u32, lid: u32) {
     }
 }
 
+// The block of keys and values from k0 into the tiles (from the registers, once the previous
+// block, or the own rows, is done with them), and the next block's loads issued (none after
+// the last block before `keys`): the forward's second pass and dQ.
+fn kv_block(bh: u32, k0: u32, keys: u32, lid: u32) {
+    workgroupBarrier();
+    put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
+    put_nx1(p.v, bh, k0, V_OFF, lid);
+    workgroupBarrier();
+    if (k0 + BC < keys) {
+        fetch_k(bh, k0 + BC, lid);
+        fetch_v(bh, k0 + BC, lid);
+    }
+}
+
 // The backward's own rows row0.. (dQ: scale * q, then dO; dK/dV: k, then v) through the start
 // of h_sh into the subgroups' fragments (own_a, own_b; rows r0.. of the subgroup).
 fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32, dkv: bool) {
@@ -508,14 +522,7 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let direct = q0 + ROWS <= p.t && p.d == DMAX && all(p.o % vec4<u32>(4u) == vec4<u32>());
     zero_out();
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        workgroupBarrier();
-        put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
-        put_nx1(p.v, bh, k0, V_OFF, lid);
-        workgroupBarrier();
-        if (k0 + BC < keys) {
-            fetch_k(bh, k0 + BC, lid);
-            fetch_v(bh, k0 + BC, lid);
-        }
+        kv_block(bh, k0, keys, lid);
         for (var c0 = 0u; c0 < BC; c0 += FS) {
             s_only(r0, c0);
         }
@@ -584,14 +591,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         let keys = min(q0 + ROWS, p.t);
         for (var k0 = 0u; k0 < keys; k0 += BC) {
-            workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
-            put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
-            put_nx1(p.v, bh, k0, V_OFF, lid);
-            workgroupBarrier();
-            if (k0 + BC < keys) {
-                fetch_k(bh, k0 + BC, lid);
-                fetch_v(bh, k0 + BC, lid);
-            }
+            kv_block(bh, k0, keys, lid);
             // S = (scale q) k^T and dP = dO v^T.
             for (var c0 = 0u; c0 < BC; c0 += FS) {
                 s_dp(r0, c0);

@@ -225,6 +225,25 @@ impl CausalAttentionBackward {
         }
     }
 
+    /// A backward kernel's bindings: its two outputs, q, k, v, dO, lse, and `aux` (O or D).
+    fn bindings<'a>(
+        &'a self,
+        [out_a, out_b]: [&'a Tensor; 2],
+        g: &'a Tensor,
+        aux: &'a Tensor,
+    ) -> [&'a Storage; 8] {
+        [
+            out_a.storage(),
+            out_b.storage(),
+            self.q.storage(),
+            self.k.storage(),
+            self.v.storage(),
+            g.storage(),
+            self.lse.storage(),
+            aux.storage(),
+        ]
+    }
+
     /// dQ into `dq`, and D into `dvec` (f32 kernels).
     fn launch_dq(&self, g: &Tensor, dvec: &Tensor, dq: &Target<'_>) -> Result<()> {
         let (out, acc) = dq.kernel_out();
@@ -232,16 +251,7 @@ impl CausalAttentionBackward {
             dq: view(out),
             ..self.params(g)
         };
-        let storage = [
-            out.storage(),
-            dvec.storage(),
-            self.q.storage(),
-            self.k.storage(),
-            self.v.storage(),
-            g.storage(),
-            self.lse.storage(),
-            self.o.storage(),
-        ];
+        let storage = self.bindings([out, dvec], g, &self.o);
         dispatch(Pass::Dq, &self.q, &params, &storage, acc, false, self.coop)
     }
 
@@ -289,16 +299,7 @@ impl CausalAttentionBackward {
             &[dvec.storage(), g.storage(), self.o.storage()],
             device.grid(attention_coop::d_workgroups(s[0] * s[1] * s[2])),
         );
-        let storage = [
-            dq.storage(),
-            dv.storage(),
-            self.q.storage(),
-            self.k.storage(),
-            self.v.storage(),
-            g.storage(),
-            self.lse.storage(),
-            dvec.storage(),
-        ];
+        let storage = self.bindings([dq, dv], g, dvec);
         // Each pass's blocks of T, interleaved (x = 2 i + pass), over b * H + h.
         let blocks = s[2].div_ceil(t.rows(coop) as usize);
         let groups = [2 * blocks, s[0] * s[1]];
@@ -334,16 +335,7 @@ impl CausalAttentionBackward {
             dv: view(dv),
             ..self.params(g)
         };
-        let storage = [
-            dk.storage(),
-            dv.storage(),
-            self.q.storage(),
-            self.k.storage(),
-            self.v.storage(),
-            g.storage(),
-            self.lse.storage(),
-            dvec.storage(),
-        ];
+        let storage = self.bindings([dk, dv], g, dvec);
         dispatch(
             Pass::Dkv,
             &self.q,
