@@ -74,10 +74,11 @@ fn autocast_attention_matches_the_f32_reference() -> Result<()> {
     Ok(())
 }
 
-/// Two backward passes add their gradients into the same leaf: the second one's dQ, dK and dV
-/// kernels accumulate into the existing gradient, through their views of it (rows of a whole
-/// tile go straight from the accumulators; the edge of T, and D under its bucket, through the
-/// scratch).
+/// Two backward passes add their gradients into the same leaf: through the head views of
+/// `causal_attention` (the second pass's gradients added into the first's), and through
+/// `causal_self_attention` on the fused input (its second backward's kernel adds dQ, dK and dV
+/// into the existing gradient through its views of it: rows of a whole tile straight from the
+/// accumulators, the edge of T, and D under its bucket, through the scratch).
 #[test]
 fn autocast_attention_gradients_accumulate() -> Result<()> {
     let d = dev();
@@ -87,15 +88,61 @@ fn autocast_attention_gradients_accumulate() -> Result<()> {
         let x0 = Arr::rand(&mut r, &[b, t, 3 * h * hd], -1.0, 1.0).upload(d);
         let w = Arr::rand(&mut r, &[b, h, t, hd], -1.0, 1.0).upload(d);
         let (_, g_ref) = run(&x0, &w, shape, false)?;
-        let x = x0.detach().requires_grad();
-        for _ in 0..2 {
-            let (q, k, v) = heads(&x, shape)?;
-            let o = autocast(true, || q.causal_attention(&k, &v))?;
-            o.mul(&w)?.sum_all()?.backward()?;
-        }
-        let g = x.grad().expect("reached by backward").to_vec()?;
         let twice: Vec<f64> = g_ref.iter().map(|&x| 2.0 * x as f64).collect();
-        assert_close(&g, &twice, HALF_TOL, &format!("2 x d(qkv) {shape:?}"));
+        for fused in [false, true] {
+            let x = x0.detach().requires_grad();
+            for _ in 0..2 {
+                let o = if fused {
+                    let o = autocast(true, || x.causal_self_attention(h))?;
+                    o.reshape(&[b, t, h, hd])?.transpose(1, 2)?
+                } else {
+                    let (q, k, v) = heads(&x, shape)?;
+                    autocast(true, || q.causal_attention(&k, &v))?
+                };
+                o.mul(&w)?.sum_all()?.backward()?;
+            }
+            let g = x.grad().expect("reached by backward").to_vec()?;
+            let what = format!("2 x d(qkv) {shape:?}, fused qkv {fused}");
+            assert_close(&g, &twice, HALF_TOL, &what);
+        }
+    }
+    Ok(())
+}
+
+/// One tensor as two or three of q, k, v (its gradient the sum of theirs) under autocast
+/// against the f32 reference: the backward's gradients, written side by side into one buffer,
+/// reach one leaf more than once.
+#[test]
+fn autocast_attention_with_a_tensor_as_two_or_three_inputs() -> Result<()> {
+    let d = dev();
+    let shape = [1, 2, 65, 64];
+    let mut r = rng("amp attention shared inputs");
+    let a0 = Arr::rand(&mut r, &shape, -1.0, 1.0).upload(d);
+    let b0 = Arr::rand(&mut r, &shape, -1.0, 1.0).upload(d);
+    let w = Arr::rand(&mut r, &shape, -1.0, 1.0).upload(d);
+    // (which inputs are a, the rest b): k = v, then q = k = v.
+    for shared in [[false, true, true], [true, true, true]] {
+        let grads = |fused: bool| -> Result<Vec<Vec<f32>>> {
+            let (a, b) = (a0.detach().requires_grad(), b0.detach().requires_grad());
+            let [q, k, v] = shared.map(|s| if s { a.clone() } else { b.clone() });
+            let o = if fused {
+                autocast(true, || q.causal_attention(&k, &v))?
+            } else {
+                q.causal_attention_reference(&k, &v)?
+            };
+            o.mul(&w)?.sum_all()?.backward()?;
+            let mut out = vec![a.grad().expect("a is an input").to_vec()?];
+            if let Some(g) = b.grad() {
+                out.push(g.to_vec()?);
+            }
+            Ok(out)
+        };
+        let (got, want) = (grads(true)?, grads(false)?);
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            let w: Vec<f64> = w.iter().map(|&x| x as f64).collect();
+            assert_close(g, &w, HALF_TOL, &format!("inputs shared as {shared:?}"));
+        }
     }
     Ok(())
 }

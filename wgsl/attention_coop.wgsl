@@ -419,10 +419,11 @@ fn row_sum(x: f32) -> f32 {
 // snippet, generated per DMAX, holds them and the subgroup's own rows' fragments as separate
 // variables: `own_a(r0)` / `own_b(r0)` load those fragments (q; q and dO; k and v) from the
 // start of h_sh; `s_only(r0, c0)` stores a block's S fragment to the scratch, `s_dp(r0, c0)`
-// its S and dP fragments (S^T and dP^T for dK/dV); `add_out(r0)` adds the block's products
-// (P v; scale dS k; dS^T (scale q) and P^T dO) into the accumulators;
-// `zero_out()`, `load_out`, `store_out` and `edge_store` begin and end them; `bt_s`, `bt_dp`
-// and `b_out` pick the pass's operands. A workgroup whose rows are all inside T,
+// its S and dP fragments (S^T and dP^T for dK/dV); `add_out(r0)` adds the block's product
+// into the first output (P v; scale dS k; dS^T (scale q)), `add_dv(r0)` P^T dO into dV;
+// `zero_out()`, `load_out`, `store_out` and `edge_store` (the first output, through the view
+// passed) and `load_dv`, `store_dv`, `edge_dv` begin and end them; `b_out` picks the forward's
+// or the backward's operand. A workgroup whose rows are all inside T,
 // with D = DMAX and the output views on 16-byte boundaries, loads (when accumulating) and
 // stores its accumulators straight from and to the outputs (`direct`); otherwise each output
 // fragment passes the subgroup's scratch rows and its lanes write what is inside T and D.

@@ -132,7 +132,8 @@ pub struct Tile {
 /// The tile of `pass` at padded head dim `dmax` (one of `HEAD_DIMS`). Each is the largest
 /// (BR first: it is the reuse of the staged keys) that keeps the pass's workgroup memory
 /// under 32 KiB; `workgroup_bytes` counts it.
-///   forward: q (BR rows) and one k-or-v tile (BC rows) staged, plus S (BR x BC);
+///   forward: q (BR rows) and one k-or-v tile (BC rows) staged, plus S (BR x BC) and the
+///   rows' partial maxima and sums (BR x COLL);
 ///   dQ: q, dO (BR rows), k, v (BC rows), dS; dK/dV: the same plus P.
 /// Forward and dQ lanes are 16 x 8 (rows are queries); dK/dV lanes 8 x 16, so that its
 /// [query][key] block (BR x BC) and its [key][d] accumulators (BC x DMAX) both divide.

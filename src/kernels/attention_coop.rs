@@ -1,6 +1,7 @@
 //! Launcher of `wgsl/attention_coop.wgsl`: fused causal attention on cooperative matrices, the
-//! mixed-precision counterpart of `attention` (same params, bindings and passes; f16 products,
-//! f32 softmax and accumulation). Chosen for an autocast forward on adapters with cooperative
+//! mixed-precision counterpart of `attention` (same params and algorithm; f16 products, f32
+//! softmax and accumulation; its backward is one dispatch of both passes after
+//! `wgsl/attention_d.wgsl`'s D). Chosen for an autocast forward on adapters with cooperative
 //! matrices, when D and every view's offset and strides are multiples of 4 (the kernels read q,
 //! k, v, dO four elements at a time).
 
@@ -122,8 +123,8 @@ impl Tile {
 /// The tile of `pass` at padded head dim `dmax` on `coop`: the first of the candidates (most
 /// rows per workgroup first) that fits `max_workgroup_bytes`.
 pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Option<Tile> {
-    // Every pass keeps its outputs in accumulators, so 4 x 16 takes 18-21 KiB and two
-    // workgroups share a core (NVIDIA's Vulkan driver gives a core about 48 KiB of workgroup
+    // Every pass keeps its outputs in accumulators, so 4 x 16 takes 18-21 KiB at D = 64 (the
+    // backward 27 KiB at D = 128) and two workgroups share a core (NVIDIA's Vulkan driver gives a core about 48 KiB of workgroup
     // memory; PROFILING.md). DistilGPT-2 at 4 x 128 on an H200, 2026-11-24: 2 x 16 ran the
     // forward in 32 us against 36 (4 x 16) but dQ in 42 against 36, 1 x 16 slower still.
     let candidates: &[(u32, u32)] = &[(4, 16), (2, 16), (1, 16)];
@@ -134,6 +135,7 @@ pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Opti
         .find(|t| {
             t.dmax.is_multiple_of(coop.fs)
                 && t.bc.is_multiple_of(coop.fs)
+                && t.bc <= t.sg * coop.sgs // a lane fetches a block's lse and D
                 && t.workgroup_bytes(pass, coop) <= max_workgroup_bytes
         })
 }

@@ -2,8 +2,9 @@
 //! O = softmax(scale * q k^T, keys j <= query i) v, scale = 1/sqrt(D), D up to 128.
 //!
 //! One forward dispatch saves lse (B, H, T) instead of the (B, H, T, T) probabilities;
-//! backward recomputes them block by block in two dispatches (dQ, which also writes
-//! D = rowsum(dO * O), then dK with dV). The kernels read and write (B, H, T, D) views with
+//! backward recomputes them block by block in two dispatches: with the f32 kernels dQ (which
+//! also writes D = rowsum(dO * O)) then dK with dV; with the cooperative-matrix kernels D, then
+//! dQ and dK/dV side by side in one. The kernels read and write (B, H, T, D) views with
 //! unit stride along D directly, so the head split of a fused qkv projection and its gradient
 //! cost no copy. `causal_attention_reference` is the same function from unfused ops.
 
@@ -136,7 +137,9 @@ impl Backward for CausalAttentionBackward {
 impl CausalAttentionBackward {
     /// The cooperative-matrix backward of separate q, k, v: its one kernel writes dQ, dK and dV
     /// through views of one buffer, so they go to a new (3, B, H, T, D) tensor, each handed on
-    /// as a view or copied (added) into its target.
+    /// as a view or copied (added) into its target. Where two of q, k, v are one tensor, the
+    /// gradient kept for the first is a view of that buffer, which the second's add may not
+    /// read and write at once: it adds a copy.
     fn backward_coop(&self, g: &Tensor, dvec: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
         let shape = self.q.shape().to_vec();
         let mut all = vec![3];
@@ -150,6 +153,9 @@ impl CausalAttentionBackward {
             if ctx.needed(i) {
                 ctx.put_with(i, |out| match out {
                     Out::New => Ok(grad),
+                    Out::Write(t) | Out::Acc(t) if t.same_storage(&grad) => {
+                        launch_copy(&launch_copy(&grad, Out::New)?, out)
+                    }
                     _ => launch_copy(&grad, out),
                 })?;
             }
@@ -158,7 +164,7 @@ impl CausalAttentionBackward {
     }
 
     /// dQ, dK, dV into the thirds of the fused (B, T, 3C) input's gradient: a new gradient
-    /// is written whole by the two kernels (no zeroed buffer to add into, as three separate
+    /// is written whole by the kernels (no zeroed buffer to add into, as three separate
     /// views of it would need); one that cannot be viewed so, or shares storage with what the
     /// kernels read, is staged.
     fn backward_qkv(&self, g: &Tensor, dvec: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
@@ -252,7 +258,7 @@ impl CausalAttentionBackward {
             ..self.params(g)
         };
         let storage = self.bindings([out, dvec], g, &self.o);
-        dispatch(Pass::Dq, &self.q, &params, &storage, acc, false, self.coop)
+        dispatch(Pass::Dq, &self.q, &params, &storage, acc, false, None)
     }
 
     /// dQ, dK and dV (views of one buffer) from one dispatch of the cooperative-matrix
@@ -343,7 +349,7 @@ impl CausalAttentionBackward {
             &storage,
             acc_k,
             acc_v,
-            self.coop,
+            None, // the f32 kernels (the cooperative-matrix backward is `launch_both`)
         )
     }
 }
@@ -545,7 +551,8 @@ fn coop_for(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<Coop> {
 }
 
 /// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H); on
-/// the cooperative-matrix kernels when `coop`.
+/// the cooperative-matrix kernels when `coop` (the forward only: their backward runs both
+/// passes in one dispatch, `launch_both`).
 fn dispatch(
     pass: Pass,
     q: &Tensor,
@@ -555,6 +562,10 @@ fn dispatch(
     acc_b: bool,
     coop: Option<Coop>,
 ) -> Result<()> {
+    debug_assert!(
+        coop.is_none() || pass == Pass::Forward,
+        "the cooperative-matrix backward is launch_both"
+    );
     let s = q.shape();
     let dmax = attention::head_dim_bucket(s[3]).ok_or_else(|| Error::InvalidArgument {
         op: OP,
