@@ -276,13 +276,7 @@ impl CausalAttentionBackward {
             .expect("launch_both is for the cooperative-matrix kernels");
         debug_assert!(dq.same_storage(dk) && dk.same_storage(dv));
         let s = self.q.shape();
-        let dmax = attention::head_dim_bucket(s[3]).ok_or_else(|| Error::InvalidArgument {
-            op: OP,
-            reason: format!(
-                "head dim {} is over {MAX_HEAD_DIM} (checked by the forward)",
-                s[3]
-            ),
-        })?;
+        let dmax = head_dim_bucket(&self.q)?;
         let device = self.q.device();
         let limit = device.gpu().limits.max_compute_workgroup_storage_size;
         let t = attention_coop::tile(Pass::Dkv, dmax, coop, limit).ok_or_else(|| {
@@ -550,6 +544,16 @@ fn coop_for(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<Coop> {
         .then_some(coop)
 }
 
+/// The padded head dim (`attention::HEAD_DIMS`) of q's (B, H, T, D), which the forward has
+/// checked.
+fn head_dim_bucket(q: &Tensor) -> Result<u32> {
+    let d = q.shape()[3];
+    attention::head_dim_bucket(d).ok_or_else(|| Error::InvalidArgument {
+        op: OP,
+        reason: format!("head dim {d} is over {MAX_HEAD_DIM} (checked by the forward)"),
+    })
+}
+
 /// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H); on
 /// the cooperative-matrix kernels when `coop` (the forward only: their backward runs both
 /// passes in one dispatch, `launch_both`).
@@ -567,13 +571,7 @@ fn dispatch(
         "the cooperative-matrix backward is launch_both"
     );
     let s = q.shape();
-    let dmax = attention::head_dim_bucket(s[3]).ok_or_else(|| Error::InvalidArgument {
-        op: OP,
-        reason: format!(
-            "head dim {} is over {MAX_HEAD_DIM} (checked by the forward)",
-            s[3]
-        ),
-    })?;
+    let dmax = head_dim_bucket(q)?;
     let limit_bytes = q.device().gpu().limits.max_compute_workgroup_storage_size;
     let coop_tile = coop.and_then(|c| Some((c, attention_coop::tile(pass, dmax, c, limit_bytes)?)));
     let (kernel, spec, block) = match coop_tile {
