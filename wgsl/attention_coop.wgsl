@@ -324,10 +324,6 @@ fn bt_tile(off: u32, c0: u32, d0: u32) -> MB {
     return coopLoad<MB>(&h_sh[i], s);
 }
 
-fn bt_q(c0: u32, d0: u32) -> MB {
-    return bt_tile(Q_OFF, c0, d0);
-}
-
 fn bt_k(c0: u32, d0: u32) -> MB {
     return bt_tile(K_OFF, c0, d0);
 }
@@ -336,19 +332,11 @@ fn bt_v(c0: u32, d0: u32) -> MB {
     return bt_tile(V_OFF, c0, d0);
 }
 
-fn bt_do(c0: u32, d0: u32) -> MB {
-    return bt_tile(DO_OFF, c0, d0);
-}
-
 // (rows r0.., d0..) of the [row][d] tile at `off` as a B operand: row-major.
 fn b_tile(off: u32, r0: u32, d0: u32) -> MB {
     let i = off + r0 * DS + d0;
     let s = DS;
     return coopLoadT<MB>(&h_sh[i], s);
-}
-
-fn b_q(r0: u32, d0: u32) -> MB {
-    return b_tile(Q_OFF, r0, d0);
 }
 
 fn b_k(r0: u32, d0: u32) -> MB {
