@@ -70,10 +70,14 @@ impl Gpu {
             .map(|s| s.to_lowercase());
         let disable = options.disable | disabled_from_env();
 
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        let mut descriptor = wgpu::InstanceDescriptor {
             backends,
             ..wgpu::InstanceDescriptor::new_without_display_handle()
-        });
+        };
+        if backends.contains(wgpu::Backends::NOOP) {
+            descriptor.backend_options.noop = noop_options();
+        }
+        let instance = wgpu::Instance::new(descriptor);
         let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
         if let Some(name) = &wanted_name {
             adapters.retain(|a| a.get_info().name.to_lowercase().contains(name));
@@ -95,10 +99,12 @@ impl Gpu {
                 limits.max_storage_buffer_binding_size.min(cap);
         }
         let cooperative_matrix =
-            if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-                adapter.cooperative_matrix_properties()
-            } else {
+            if !features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
                 Vec::new()
+            } else if info.backend == wgpu::Backend::Noop {
+                vec![NOOP_COOPERATIVE_MATRIX]
+            } else {
+                adapter.cooperative_matrix_properties()
             };
         let experimental_features =
             if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
@@ -179,6 +185,43 @@ impl Gpu {
         }
     }
 }
+
+/// wgpu's noop backend (`WGRAD_BACKEND=noop`) records, encodes and submits everything and runs
+/// nothing: a step's host cost alone, on any machine (read-backs give zeros). It stands for an
+/// NVIDIA GPU as the H200 reports itself (`wgrad info`: subgroups of 32, 48 KiB of workgroup
+/// memory, 2 GiB bindings, uniform offsets on 64 bytes, 16x16x16 f16 cooperative matrices), so
+/// a step records the dispatches, variants and splits it records there.
+fn noop_options() -> wgpu::NoopBackendOptions {
+    let limits = wgpu::Limits {
+        max_storage_buffer_binding_size: (2 << 30) - 4,
+        max_buffer_size: 4 << 30,
+        max_compute_workgroup_storage_size: 48 << 10,
+        max_compute_invocations_per_workgroup: 1024,
+        max_compute_workgroups_per_dimension: 65535,
+        min_uniform_buffer_offset_alignment: 64,
+        min_storage_buffer_offset_alignment: 16,
+        ..wgpu::Limits::unlimited()
+    };
+    wgpu::NoopBackendOptions {
+        enable: true,
+        limits: Some(limits),
+        features: None,
+        device_type: None,
+        subgroup_min_size: Some(32),
+        subgroup_max_size: Some(32),
+    }
+}
+
+/// The cooperative-matrix shape the noop backend offers (NVIDIA's f16 one; see `noop_options`).
+const NOOP_COOPERATIVE_MATRIX: wgpu::CooperativeMatrixProperties =
+    wgpu::CooperativeMatrixProperties {
+        m_size: 16,
+        n_size: 16,
+        k_size: 16,
+        ab_type: wgpu::CooperativeScalarType::F16,
+        cr_type: wgpu::CooperativeScalarType::F32,
+        saturating_accumulation: false,
+    };
 
 fn adapter_rank(t: wgpu::DeviceType) -> u8 {
     match t {
