@@ -1,6 +1,6 @@
 //! The backward traversal and the context a rule writes its input gradients through.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use super::{meta, no_grad, Meta, Node};
@@ -275,7 +275,7 @@ fn node_of(t: &Tensor) -> Option<Arc<Node>> {
 /// Nodes reachable from `root`, each after every node that consumes it (root first).
 fn reverse_topological(root: &Tensor) -> Result<Vec<Arc<Node>>> {
     let mut order = Vec::new();
-    let mut seen = HashSet::new();
+    let mut seen = HashSet::default();
     let Some(start) = node_of(root) else {
         return Ok(order);
     };

@@ -5,7 +5,7 @@
 //! command in order into one command encoder (consecutive dispatches share one compute pass;
 //! uploads and read-back copies sit between passes, in order), and submits once.
 
-use std::collections::HashMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -166,7 +166,7 @@ impl BindGroupCache {
         if ids.is_empty() {
             return;
         }
-        let set: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        let set: HashSet<u64> = ids.iter().copied().collect();
         self.groups
             .retain(|k, _| !set.contains(&k.params) && !k.buffers.iter().any(|b| set.contains(b)));
     }
@@ -195,27 +195,7 @@ pub enum Use {
 /// the compute work before it; without one, the GPU may run a dispatch beside the ones before.
 #[derive(Default)]
 pub struct Barriers {
-    last: HashMap<u64, Use, std::hash::BuildHasherDefault<IdHasher>>,
-}
-
-/// Buffer ids are unique and handed out in order: a multiply spreads them over the table.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(self.0 ^ b as u64);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = v.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
+    last: HashMap<u64, Use>,
 }
 
 impl Barriers {

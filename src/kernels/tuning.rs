@@ -4,7 +4,7 @@
 //! fill it (see `crate::tune`); it is kept on disk per adapter and driver, and a product the
 //! table does not know gets the tile the shape heuristics choose.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};

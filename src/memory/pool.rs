@@ -17,7 +17,9 @@
 //! dX) then run side by side, and the buffers made are made once, as every step asks in the
 //! same order.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use serde::Serialize;
 
@@ -160,7 +162,7 @@ impl BufferPool {
         BufferPool {
             label,
             usage,
-            free: HashMap::new(),
+            free: HashMap::default(),
             opened: Vec::new(),
             stats: PoolStats::default(),
             reuse,
