@@ -34,7 +34,7 @@ pub mod tuning;
 
 pub use dtype::DType;
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, OnceLock};
 
@@ -73,7 +73,7 @@ impl KernelDesc {
 }
 
 /// A value of a specialization constant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug)]
 pub enum SpecValue {
     U32(u32),
     Bool(bool),
@@ -104,13 +104,58 @@ impl std::hash::Hash for Snippet {
     }
 }
 
+impl PartialEq for Spec {
+    fn eq(&self, other: &Spec) -> bool {
+        self.0.len() == other.0.len() && self.words().eq(other.words())
+    }
+}
+
+impl Eq for Spec {}
+
+impl std::hash::Hash for Spec {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        h.write_usize(self.0.len());
+        for w in self.words() {
+            w.hash(h);
+        }
+    }
+}
+
 /// WGSL constants and aliases that select one variant of a kernel.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+///
+/// Compared and hashed by value, but a name, type or snippet by its address: they are
+/// `&'static str` constants, so the lookup a dispatch makes (`PipelineCache::get`) hashes and
+/// compares a few words an entry, not their texts (one text at two addresses would only make
+/// a second, equal pipeline).
+#[derive(Clone, Debug, Default)]
 pub struct Spec(pub Vec<(&'static str, SpecValue)>);
+
+/// Entries a Spec makes room for at once: the cooperative-matrix matmul's, the most, are 26,
+/// and a Spec is built for every dispatch (growing it one push at a time reallocated it 4 times).
+const SPEC_ROOM: usize = 32;
+
+impl SpecValue {
+    /// The value as words, a text as its address and length.
+    fn words(&self) -> (u8, usize, usize) {
+        match *self {
+            SpecValue::U32(x) => (0, x as usize, 0),
+            SpecValue::Bool(x) => (1, x as usize, 0),
+            SpecValue::Type(t) => (2, t.as_ptr() as usize, t.len()),
+            SpecValue::Source(Snippet(t)) => (3, t.as_ptr() as usize, t.len()),
+        }
+    }
+}
 
 impl Spec {
     pub fn new() -> Spec {
-        Spec(Vec::new())
+        Spec(Vec::with_capacity(SPEC_ROOM))
+    }
+
+    /// Each entry as words: its name's address and length, then its value's.
+    fn words(&self) -> impl Iterator<Item = (usize, usize, (u8, usize, usize))> + '_ {
+        self.0
+            .iter()
+            .map(|(name, v)| (name.as_ptr() as usize, name.len(), v.words()))
     }
 
     pub fn u32(mut self, name: &'static str, v: u32) -> Spec {
@@ -276,8 +321,8 @@ impl PipelineCache {
             subgroups,
             checked: std::env::var("WGRAD_SHADER_CHECKS").is_ok_and(|v| v == "1"),
             max_groups,
-            pipelines: HashMap::new(),
-            layouts: HashMap::new(),
+            pipelines: HashMap::default(),
+            layouts: HashMap::default(),
             next_layout_id: 1,
             compiler: compile::Compiler::with_threads(compile_threads),
         }
@@ -489,4 +534,38 @@ pub fn pack8(values: &[usize]) -> [u32; 8] {
         *o = *v as u32;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Spec, SpecValue};
+    use std::hash::BuildHasher;
+
+    fn hash(s: &Spec) -> u64 {
+        rustc_hash::FxBuildHasher.hash_one(s)
+    }
+
+    #[test]
+    fn specs_built_alike_are_one_key_and_any_difference_another() {
+        const WIDE: &str = "vec4<f32>";
+        let spec = |tile: u32, acc: bool, ty: &'static str| {
+            Spec::new().u32("TILE", tile).bool("ACC", acc).ty("V", ty)
+        };
+        let a = spec(64, true, WIDE);
+        assert!(a == spec(64, true, WIDE));
+        assert_eq!(hash(&a), hash(&spec(64, true, WIDE)));
+        for other in [
+            spec(32, true, WIDE),
+            spec(64, false, WIDE),
+            spec(64, true, "f32"),
+            spec(64, true, WIDE).u32("EXTRA", 0),
+        ] {
+            assert!(a != other, "{} against {}", a.describe(), other.describe());
+        }
+        // A type text is its address: a copy of the text elsewhere is another key (a second,
+        // equal pipeline), never a wrong one.
+        let copy: &'static str = Box::leak(WIDE.to_string().into_boxed_str());
+        assert!(a != spec(64, true, copy));
+        assert!(matches!(a.0[2].1, SpecValue::Type(t) if t == copy));
+    }
 }
