@@ -80,29 +80,20 @@ pub enum SpecValue {
     /// A WGSL type, declared as `alias NAME = type;`.
     Type(&'static str),
     /// WGSL source inserted before the family's (a snippet that completes it: aliases,
-    /// constants and helpers the family leaves to its variants).
-    Source(Snippet),
+    /// constants and helpers the family leaves to its variants): an `include_str!` constant or
+    /// a text generated once per configuration and kept (see `matmul_coop::generated`), so
+    /// equal snippets share one address.
+    Source(&'static str),
 }
 
-/// A WGSL snippet, compared and hashed by address: snippets are `include_str!` constants or
-/// generated once per configuration and kept (see `matmul_coop::generated`), so equal texts
-/// share one address, and looking a pipeline up does not hash the text on every dispatch.
-#[derive(Clone, Copy, Debug)]
-pub struct Snippet(pub &'static str);
-
-impl PartialEq for Snippet {
-    fn eq(&self, other: &Snippet) -> bool {
-        std::ptr::eq(self.0, other.0)
-    }
-}
-
-impl Eq for Snippet {}
-
-impl std::hash::Hash for Snippet {
-    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
-        (self.0.as_ptr() as usize, self.0.len()).hash(h);
-    }
-}
+/// WGSL constants and aliases that select one variant of a kernel.
+///
+/// Compared and hashed by value, but a name, type or snippet by its address: they are
+/// `&'static str` constants, so the lookup a dispatch makes (`PipelineCache::get`) hashes and
+/// compares a few words an entry, not their texts (one text at two addresses would only make
+/// a second, equal pipeline).
+#[derive(Clone, Debug, Default)]
+pub struct Spec(pub Vec<(&'static str, SpecValue)>);
 
 impl PartialEq for Spec {
     fn eq(&self, other: &Spec) -> bool {
@@ -121,16 +112,7 @@ impl std::hash::Hash for Spec {
     }
 }
 
-/// WGSL constants and aliases that select one variant of a kernel.
-///
-/// Compared and hashed by value, but a name, type or snippet by its address: they are
-/// `&'static str` constants, so the lookup a dispatch makes (`PipelineCache::get`) hashes and
-/// compares a few words an entry, not their texts (one text at two addresses would only make
-/// a second, equal pipeline).
-#[derive(Clone, Debug, Default)]
-pub struct Spec(pub Vec<(&'static str, SpecValue)>);
-
-/// Entries a Spec makes room for at once: the cooperative-matrix matmul's, the most, are 26,
+/// Entries a Spec makes room for at once: the cooperative-matrix matmul's, the most, are 27,
 /// and a Spec is built for every dispatch (growing it one push at a time reallocated it 4 times).
 const SPEC_ROOM: usize = 32;
 
@@ -141,7 +123,7 @@ impl SpecValue {
             SpecValue::U32(x) => (0, x as usize, 0),
             SpecValue::Bool(x) => (1, x as usize, 0),
             SpecValue::Type(t) => (2, t.as_ptr() as usize, t.len()),
-            SpecValue::Source(Snippet(t)) => (3, t.as_ptr() as usize, t.len()),
+            SpecValue::Source(t) => (3, t.as_ptr() as usize, t.len()),
         }
     }
 }
@@ -175,7 +157,7 @@ impl Spec {
 
     /// A snippet of WGSL, named `name` in labels.
     pub fn source(mut self, name: &'static str, text: &'static str) -> Spec {
-        self.0.push((name, SpecValue::Source(Snippet(text))));
+        self.0.push((name, SpecValue::Source(text)));
         self
     }
 
@@ -190,7 +172,7 @@ impl Spec {
                 SpecValue::U32(x) => write!(s, "{name}={x}"),
                 SpecValue::Bool(x) => write!(s, "{name}={x}"),
                 SpecValue::Type(x) => write!(s, "{name}={x}"),
-                SpecValue::Source(x) => write!(s, "{name}={}", x.0.lines().next().unwrap_or("")),
+                SpecValue::Source(x) => write!(s, "{name}={}", x.lines().next().unwrap_or("")),
             };
         }
         s
@@ -206,7 +188,7 @@ pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
     let mut src = String::new();
     let uses_f16 = spec.0.iter().any(|(_, v)| {
         matches!(v, SpecValue::Type(t) if t.contains("f16"))
-            || matches!(v, SpecValue::Source(t) if t.0.contains("f16"))
+            || matches!(v, SpecValue::Source(t) if t.contains("f16"))
     });
     if uses_f16 {
         src.push_str("enable f16;\n");
@@ -228,7 +210,7 @@ pub fn compose_source(family: &Family, spec: &Spec, subgroups: bool) -> String {
     }
     for (_, v) in &spec.0 {
         if let SpecValue::Source(text) = v {
-            src.push_str(text.0);
+            src.push_str(text);
             src.push('\n');
         }
     }
