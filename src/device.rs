@@ -190,7 +190,10 @@ impl Gpu {
 /// nothing: a step's host cost alone, on any machine (read-backs give zeros). It stands for an
 /// NVIDIA GPU as the H200 reports itself (`wgrad info`: subgroups of 32, 48 KiB of workgroup
 /// memory, 2 GiB bindings, uniform offsets on 64 bytes, 16x16x16 f16 cooperative matrices), so
-/// a step records the dispatches, variants and splits it records there.
+/// a step records the kernels it records there; but no tile table is found for it (the shape
+/// heuristics choose), its cooperative-matrix tiles are the scalar f16 ones (the vec4 ones are
+/// for Vulkan), and it reports itself as a CPU (wgpu 30 leaves `device_type` unused), so waits
+/// block.
 fn noop_options() -> wgpu::NoopBackendOptions {
     let limits = wgpu::Limits {
         max_storage_buffer_binding_size: (2 << 30) - 4,

@@ -3,22 +3,26 @@
 # call (the way PROFILING.md's A/B rows are measured: one process a round, so the spread between
 # processes shows). Usage:
 #   benches/reference/ab_steps.sh path/to/base path/to/new [shapes, default 4x128:8,8x512:3]
-# A shape is BxT:ROUNDS. Env: FLAGS (default --amp), STEPS (default 40), WARMUP (default 5),
-# OUT (default /tmp). Prints `shape label round median min dispatches loss`; the JSON of each
-# run, with `bin` and `round` added, goes to $OUT/ab.jsonl; last, each label's median of rounds.
+# A shape is BxT[:ROUNDS] (3 rounds by default); odd rounds run base first, even rounds new
+# first. Env: FLAGS (default --amp), STEPS (default 40), WARMUP (default 5), OUT (default /tmp).
+# Prints `shape label round median min dispatches loss`; the JSON of each run, with `bin` and
+# `round` added, goes to $OUT/ab.jsonl (overwritten), the binaries' stderr to $OUT/ab.err; last,
+# each label's median of rounds.
 set -euo pipefail
 BASE=$1; NEW=$2
 SHAPES=${3:-4x128:8,8x512:3}
 OUT=${OUT:-/tmp}
 : > "$OUT/ab.jsonl"
+: > "$OUT/ab.err"
 for s in ${SHAPES//,/ }; do
-  shape=${s%%:*}; rounds=${s#*:}
+  shape=${s%%:*}; rounds=3; [ "$s" != "$shape" ] && rounds=${s#*:}
   b=${shape%x*}; t=${shape#*x}
   for r in $(seq "$rounds"); do
-    for label in base new; do
+    order="base new"; [ $((r % 2)) = 0 ] && order="new base"
+    for label in $order; do
       bin=$BASE; [ "$label" = new ] && bin=$NEW
       "$bin" bench step --preset distilgpt2 --batch "$b" --seq "$t" ${FLAGS---amp} \
-        --steps "${STEPS:-40}" --warmup "${WARMUP:-5}" --json 2>/dev/null \
+        --steps "${STEPS:-40}" --warmup "${WARMUP:-5}" --json 2>>"$OUT/ab.err" \
         | python3 -c "
 import json, sys
 d = json.load(sys.stdin); d['bin'] = '$label'; d['round'] = $r
