@@ -208,10 +208,9 @@ fn noop_options() -> wgpu::NoopBackendOptions {
     wgpu::NoopBackendOptions {
         enable: true,
         limits: Some(limits),
-        features: None,
-        device_type: None,
         subgroup_min_size: Some(32),
         subgroup_max_size: Some(32),
+        ..Default::default()
     }
 }
 

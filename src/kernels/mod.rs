@@ -97,7 +97,7 @@ pub struct Spec(pub Vec<(&'static str, SpecValue)>);
 
 impl PartialEq for Spec {
     fn eq(&self, other: &Spec) -> bool {
-        self.0.len() == other.0.len() && self.words().eq(other.words())
+        self.words().eq(other.words())
     }
 }
 
