@@ -12,7 +12,8 @@
 //! C: the 4096^3 case of `wgrad bench matmul --dtype f16`), `coop:TILE:ENTRY` (that kernel's
 //! entry point ENTRY, e.g. `matmul_coop_bias_gelu`, its epilogue through the scratch tile; the
 //! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too) or
-//! `tiled:TILE` (the f32 tiled kernel). The SPIR-V is written by naga with the options wgpu
+//! `tiled:TILE` (the f32 tiled kernel; `tiled:TILE:ENTRY` its entry point ENTRY, e.g.
+//! `matmul_bias_res`). The SPIR-V is written by naga with the options wgpu
 //! uses for the engine's shader modules (no bounds checks, no loop bounding, no division
 //! checks). `--no-robust` opens the device without robustBufferAccess / robustBufferAccess2
 //! (wgpu turns both on where offered), to see what the driver's bounds checks cost in
@@ -79,8 +80,16 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
         }
         "tiled" => {
             let t = Tile::parse(tile)?;
-            let spec = matmul::spec(t, false, Types::F32);
-            Some((arg.to_string(), &matmul::FAMILY, "matmul", spec))
+            let entry: &'static str = match entry {
+                None | Some("matmul") => "matmul",
+                Some("matmul_bias") => "matmul_bias",
+                Some("matmul_bias_gelu") => "matmul_bias_gelu",
+                Some("matmul_bias_res") => "matmul_bias_res",
+                Some("matmul_sums") => "matmul_sums",
+                Some(_) => return None,
+            };
+            let spec = matmul::spec_ones(t, false, Types::F32, entry == "matmul_sums");
+            Some((arg.to_string(), &matmul::FAMILY, entry, spec))
         }
         _ => None,
     }

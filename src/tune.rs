@@ -126,8 +126,8 @@ fn row_length(key: &ProductKey, inner: usize) -> usize {
 }
 
 /// Median GPU milliseconds of `a @ b` as `key` says: under autocast when `half`; plus a bias,
-/// or a bias and GELU into an output of the autocast type (f16 under autocast), as `linear`
-/// records them; into rows padded as `operands` pads them; over `reps` products after untimed
+/// a bias and a residual, or a bias and GELU into an output of the autocast type (f16 under
+/// autocast), as `linear` records them; into rows padded as `operands` pads them; over `reps` products after untimed
 /// ones that compile the pipelines and bring the GPU's clocks up
 /// (`profile::ceilings::gpu_ms`: the split-K sum, where there is one, included).
 pub fn time_product(
@@ -169,11 +169,17 @@ pub fn time_product(
     } else {
         None
     };
+    let residual = if key.residual {
+        Some(Tensor::rand_uniform(device, &shape, -1.0, 1.0, 4)?)
+    } else {
+        None
+    };
     gpu_ms(device, reps, || {
         autocast(half, || {
-            let epilogue = match (&bias, &pre) {
-                (Some(bias), Some(pre)) => Epilogue::BiasGelu { bias, pre },
-                (Some(bias), None) => Epilogue::Bias(bias),
+            let epilogue = match (&bias, &pre, &residual) {
+                (Some(bias), Some(pre), _) => Epilogue::BiasGelu { bias, pre },
+                (Some(bias), None, Some(residual)) => Epilogue::BiasResidual { bias, residual },
+                (Some(bias), None, None) => Epilogue::Bias(bias),
                 _ => Epilogue::None,
             };
             a.matmul_epilogue_into(b, epilogue, out(), out_dtype)

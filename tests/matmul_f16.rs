@@ -96,7 +96,12 @@ fn f16_operands_transposed_views() {
 #[test]
 fn f16_every_tile_size() {
     let mut rng = rng("f16 matmul tiles");
-    let shapes = [(520, 17, 513), (257, 31, 260), (65, 63, 17)];
+    let shapes = [
+        (1030, 17, 1040),
+        (520, 17, 513),
+        (257, 31, 260),
+        (65, 63, 17),
+    ];
     for (tile, s) in TILES.iter().zip(shapes) {
         assert_eq!(
             choose_tile(s.0, s.2, 1),

@@ -1015,7 +1015,12 @@ fn matmul_transposed_operands() {
 fn matmul_every_tile_size() {
     let mut rng = rng("matmul tiles");
     // Shapes for which choose_tile picks each tile, so each kernel variant runs at odd sizes.
-    let shapes = [(520, 17, 513), (257, 31, 260), (65, 63, 17)];
+    let shapes = [
+        (1030, 17, 1040),
+        (520, 17, 513),
+        (257, 31, 260),
+        (65, 63, 17),
+    ];
     for (tile, s) in TILES.iter().zip(shapes) {
         assert_eq!(
             choose_tile(s.0, s.2, 1),
@@ -1032,7 +1037,12 @@ fn matmul_every_tile_size_batched() {
     let d = dev();
     let mut rng = rng("matmul tiles batched");
     // (batch, m, k, n): batches large enough for each tile; B broadcast over the batch.
-    let shapes = [(16, 70, 19, 66), (8, 40, 23, 97), (3, 13, 9, 11)];
+    let shapes = [
+        (16, 130, 19, 200),
+        (16, 70, 19, 66),
+        (8, 40, 23, 97),
+        (3, 13, 9, 11),
+    ];
     for (tile, (bt, m, k, n)) in TILES.iter().zip(shapes) {
         assert_eq!(
             choose_tile(m, n, bt),
@@ -2300,6 +2310,59 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
             TOL,
             &format!("gradient {i} on the tuned configurations"),
         );
+    }
+}
+
+/// Every tile a search may choose for the tiled kernel (interleaved and vector-run register
+/// blocks) gives a linear's forward (bias and GELU epilogue), a second one's with a residual,
+/// their dX, and their dW with the bias gradient as column sums, at sizes no tile divides:
+/// each set for every product in turn, against the heuristic's tiles (which the tests above
+/// check against f64).
+#[test]
+fn every_searched_tile_gives_a_linears_products() {
+    use wgrad::kernels::tuning::{tiled_search_tiles, TileChoice};
+    use wgrad::ops::Activation;
+    let d = private_dev();
+    let mut rng = rng("searched tiles");
+    let (rows, c, h, o) = (131, 45, 77, 36);
+    let mut param =
+        |shape: &[usize], r: f32| Arr::rand(&mut rng, shape, -r, r).upload(&d).requires_grad();
+    let x = param(&[rows, c], 1.0);
+    let w = param(&[c, h], 0.5);
+    let b = param(&[h], 0.5);
+    let w2 = param(&[h, o], 0.3);
+    let b2 = param(&[o], 0.5);
+    let res = param(&[rows, o], 1.0);
+    let step = || -> wgrad::Result<Vec<Vec<f32>>> {
+        for p in [&x, &w, &b, &w2, &b2, &res] {
+            p.zero_grad();
+        }
+        let y = x.linear(&w, Some(&b), Activation::Gelu)?;
+        let z = y.linear_residual(&w2, &b2, &res)?;
+        z.square()?.sum_all()?.backward()?;
+        let mut out = vec![y.to_vec()?, z.to_vec()?];
+        for p in [&x, &w, &b, &w2, &b2, &res] {
+            out.push(p.grad().expect("reached by backward").to_vec()?);
+        }
+        Ok(out)
+    };
+    d.log_products(true);
+    let want = step().unwrap();
+    let keys = d.take_product_log();
+    d.log_products(false);
+    assert!(keys.iter().any(|k| k.residual), "{keys:?}");
+    assert!(keys.iter().any(|k| k.gelu), "{keys:?}");
+    let tiles = tiled_search_tiles();
+    assert!(tiles.iter().any(|t| t.vec) && tiles.iter().any(|t| !t.vec));
+    for t in tiles {
+        for key in &keys {
+            d.set_tile(*key, TileChoice::Tiled(t), None, 1.0);
+        }
+        let got = step().unwrap();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+            assert_close(g, &w, TOL, &format!("tile {}: output {i}", t.name()));
+        }
     }
 }
 

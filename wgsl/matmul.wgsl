@@ -7,12 +7,16 @@
 // Workgroup tile BM x BN, K in steps of BK staged in workgroup memory (zero-padded past M, N,
 // K, so any size works); each of the (BM/TM)*(BN/TN) lanes accumulates a TM x TN register
 // block, rows tr + i*(BM/TM) and columns tc + j*(BN/TN) (interleaved, so lanes of a subgroup
-// read distinct workgroup-memory words and write coalesced columns).
+// read distinct workgroup-memory words and write coalesced columns). With VEC (TM and TN
+// multiples of 4) the block is made of runs of 4 consecutive rows and columns instead: rows
+// g*(BM/TM)*4 + tr*4 + (0..3) for each run g, columns likewise, and the tiles are vectors of 4,
+// so a step of K reads a lane's TM + TN operands in (TM + TN) / 4 workgroup loads, not TM + TN
+// (the scalar loads, not the FMAs, bounded the interleaved 4x4 blocks on NVIDIA).
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
 // matmul_bias_gelu (also saves the pre-activation), matmul_bias_res (+ bias + a residual read
 // through `pre`), matmul_sums (with ONES: the column sums of B too, below). Specialization: BM,
-// BN, BK, TM, TN, ACC, ONES.
+// BN, BK, TM, TN, VEC, ACC, ONES.
 //
 // ONES: A's last row (m = M - 1) is not read but taken as ones, so C's last row is the column
 // sums of B (a linear's bias gradient beside its weight gradient, dW = x^T dz: the sums of dz
@@ -76,11 +80,17 @@ fn k_range(wid: vec3<u32>) {
 
 
 // Tiles in workgroup memory, [k][m] and [k][n], each row padded by one word so that lanes
-// storing consecutive k (a row-major A read along k) land in different banks.
+// storing consecutive k (a row-major A read along k) land in different banks. With VEC the
+// same as vectors of 4 (a_tile4, b_tile4: rows padded by one vector, which keeps lanes storing
+// consecutive k of one m in different banks for BK up to 8), and the scalar tiles unused.
 const A_ROW: u32 = BM + 1u;
 const B_ROW: u32 = BN + 1u;
-var<workgroup> a_tile: array<TS, BK * A_ROW>;
-var<workgroup> b_tile: array<TS, BK * B_ROW>;
+const A_ROW4: u32 = BM / 4u + 1u;
+const B_ROW4: u32 = BN / 4u + 1u;
+var<workgroup> a_tile: array<TS, select(BK * A_ROW, 1u, VEC)>;
+var<workgroup> b_tile: array<TS, select(BK * B_ROW, 1u, VEC)>;
+var<workgroup> a_tile4: array<vec4<TS>, select(1u, BK * A_ROW4, VEC)>;
+var<workgroup> b_tile4: array<vec4<TS>, select(1u, BK * B_ROW4, VEC)>;
 
 // Elements each lane stages per step of K, of A and of B.
 const A_LOADS: u32 = (BM * BK + WG - 1u) / WG;
@@ -103,11 +113,21 @@ fn b_at(e: u32) -> vec2<u32> {
     return vec2<u32>(e / BN, e % BN);
 }
 
-// The (TM x TN) block of A @ B this lane owns, for the workgroup's tile. The next step's
+// The lane's TM x TN accumulators, element e = i * TN + j at acc[e / 4][e % 4] (with VEC, row i's
+// run g of 4 columns is acc[i * TN / 4 + g]). A private variable, not a returned array: the
+// driver kept a returned 8 x 8 block in local memory (H100, 2026-11-25).
+const ACC4: u32 = max(TM * TN / 4u, 1u);
+var<private> acc: array<vec4<f32>, ACC4>;
+
+fn acc_at(e: u32) -> f32 {
+    return acc[e / 4u][e % 4u];
+}
+
+// The (TM x TN) block of A @ B this lane owns, for the workgroup's tile, into `acc`. The next step's
 // elements are loaded into registers while this step multiplies, and stored after it; the
 // loads are branch-free (a lane outside the operand reads element 0) and masked at the store,
 // so they are in flight during the multiply.
-fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
+fn tile_product(wid: vec3<u32>, lid: u32) {
     let batch = wid.z;
     let row0 = wid.y * BM;
     let col0 = wid.x * BN;
@@ -116,9 +136,8 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
     let a_base = p.a_off + batch * p.a_bs;
     let b_base = p.b_off + batch * p.b_bs;
 
-    var acc: array<f32, TM * TN>;
-    for (var i = 0u; i < TM * TN; i++) {
-        acc[i] = 0.0;
+    for (var i = 0u; i < ACC4; i++) {
+        acc[i] = vec4<f32>(0.0);
     }
     var a_reg: array<f32, TM>;
     var b_reg: array<f32, TN>;
@@ -158,16 +177,21 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
         }
         if (k0 > k_lo) {
             // Multiply the previous step out of the tiles, then store this one's elements.
-            for (var kk = 0u; kk < BK; kk++) {
-                for (var i = 0u; i < TM; i++) {
-                    a_reg[i] = f32(a_tile[kk * A_ROW + tr + i * ROW_LANES]);
-                }
-                for (var j = 0u; j < TN; j++) {
-                    b_reg[j] = f32(b_tile[kk * B_ROW + tc + j * COL_LANES]);
-                }
-                for (var i = 0u; i < TM; i++) {
+            if (VEC) {
+                multiply_vec(tr, tc);
+            } else {
+                for (var kk = 0u; kk < BK; kk++) {
+                    for (var i = 0u; i < TM; i++) {
+                        a_reg[i] = f32(a_tile[kk * A_ROW + tr + i * ROW_LANES]);
+                    }
                     for (var j = 0u; j < TN; j++) {
-                        acc[i * TN + j] = fma(a_reg[i], b_reg[j], acc[i * TN + j]);
+                        b_reg[j] = f32(b_tile[kk * B_ROW + tc + j * COL_LANES]);
+                    }
+                    for (var i = 0u; i < TM; i++) {
+                        for (var j = 0u; j < TN; j++) {
+                            let e = i * TN + j;
+                            acc[e / 4u][e % 4u] = fma(a_reg[i], b_reg[j], acc[e / 4u][e % 4u]);
+                        }
                     }
                 }
             }
@@ -180,28 +204,65 @@ fn tile_product(wid: vec3<u32>, lid: u32) -> array<f32, TM * TN> {
             let e = lid + i * WG;
             if (e < BM * BK) {
                 let mk = a_at(e);
-                a_tile[mk.y * A_ROW + mk.x] = select(TS(0.0), a_next[i], (a_ok & (1u << i)) != 0u);
+                let v = select(TS(0.0), a_next[i], (a_ok & (1u << i)) != 0u);
+                if (VEC) {
+                    a_tile4[mk.y * A_ROW4 + mk.x / 4u][mk.x % 4u] = v;
+                } else {
+                    a_tile[mk.y * A_ROW + mk.x] = v;
+                }
             }
         }
         for (var i = 0u; i < B_LOADS; i++) {
             let e = lid + i * WG;
             if (e < BK * BN) {
                 let kn = b_at(e);
-                b_tile[kn.x * B_ROW + kn.y] = select(TS(0.0), b_next[i], (b_ok & (1u << i)) != 0u);
+                let v = select(TS(0.0), b_next[i], (b_ok & (1u << i)) != 0u);
+                if (VEC) {
+                    b_tile4[kn.x * B_ROW4 + kn.y / 4u][kn.y % 4u] = v;
+                } else {
+                    b_tile[kn.x * B_ROW + kn.y] = v;
+                }
             }
         }
         workgroupBarrier();
         k0 += BK;
     }
-    return acc;
+}
+
+// VEC's multiply of one step: per k, the lane's TM / 4 runs of A and TN / 4 runs of B as one
+// vector load each, then the TM x TN FMAs as TM x TN / 4 vector ones.
+fn multiply_vec(tr: u32, tc: u32) {
+    var a4: array<vec4<f32>, max(TM / 4u, 1u)>; // (one vector where a tile is not VEC's)
+    var b4: array<vec4<f32>, max(TN / 4u, 1u)>;
+    for (var kk = 0u; kk < BK; kk++) {
+        for (var g = 0u; g < TM / 4u; g++) {
+            a4[g] = vec4<f32>(a_tile4[kk * A_ROW4 + g * ROW_LANES + tr]);
+        }
+        for (var g = 0u; g < TN / 4u; g++) {
+            b4[g] = vec4<f32>(b_tile4[kk * B_ROW4 + g * COL_LANES + tc]);
+        }
+        for (var i = 0u; i < TM; i++) {
+            let x = vec4<f32>(a4[i / 4u][i % 4u]);
+            for (var g = 0u; g < TN / 4u; g++) {
+                let o = i * (TN / 4u) + g;
+                acc[o] = fma(x, b4[g], acc[o]);
+            }
+        }
+    }
 }
 
 // Row gm, column gn of this lane's block element (i, j); gm >= m or gn >= n is outside C.
 fn lane_row(wid: vec3<u32>, lid: u32, i: u32) -> u32 {
+    if (VEC) {
+        return wid.y * BM + (i / 4u) * ROW_LANES * 4u + (lid / COL_LANES) * 4u + i % 4u;
+    }
     return wid.y * BM + lid / COL_LANES + i * ROW_LANES;
 }
 
 fn lane_col(wid: vec3<u32>, lid: u32, j: u32) -> u32 {
+    if (VEC) {
+        return wid.x * BN + (j / 4u) * COL_LANES * 4u + (lid % COL_LANES) * 4u + j % 4u;
+    }
     return wid.x * BN + lid % COL_LANES + j * COL_LANES;
 }
 
@@ -215,13 +276,13 @@ fn store_c(o: u32, v: f32) {
 
 @compute @workgroup_size(WG)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let acc = tile_product(wid, lid);
+    tile_product(wid, lid);
     for (var i = 0u; i < TM; i++) {
         let gm = lane_row(wid, lid, i);
         for (var j = 0u; j < TN; j++) {
             let gn = lane_col(wid, lid, j);
             if (gm < p.m && gn < p.n) {
-                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, acc[i * TN + j]);
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, acc_at(i * TN + j));
             }
         }
     }
@@ -230,13 +291,13 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 // C = A @ B + bias (bias indexed by column).
 @compute @workgroup_size(WG)
 fn matmul_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let acc = tile_product(wid, lid);
+    tile_product(wid, lid);
     for (var i = 0u; i < TM; i++) {
         let gm = lane_row(wid, lid, i);
         for (var j = 0u; j < TN; j++) {
             let gn = lane_col(wid, lid, j);
             if (gm < p.m && gn < p.n) {
-                let z = acc[i * TN + j] + bias[p.bias_off + gn];
+                let z = acc_at(i * TN + j) + bias[p.bias_off + gn];
                 store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, z);
             }
         }
@@ -247,13 +308,13 @@ fn matmul_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 // batch 1) read through `pre` from res_off.
 @compute @workgroup_size(WG)
 fn matmul_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let acc = tile_product(wid, lid);
+    tile_product(wid, lid);
     for (var i = 0u; i < TM; i++) {
         let gm = lane_row(wid, lid, i);
         for (var j = 0u; j < TN; j++) {
             let gn = lane_col(wid, lid, j);
             if (gm < p.m && gn < p.n) {
-                let z = acc[i * TN + j] + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn];
+                let z = acc_at(i * TN + j) + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn];
                 store_c(p.c_off + gm * p.c_ms + gn * p.c_ns, z);
             }
         }
@@ -264,13 +325,13 @@ fn matmul_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 // C = gelu(z), tanh approximation (GPT-2's).
 @compute @workgroup_size(WG)
 fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let acc = tile_product(wid, lid);
+    tile_product(wid, lid);
     for (var i = 0u; i < TM; i++) {
         let gm = lane_row(wid, lid, i);
         for (var j = 0u; j < TN; j++) {
             let gn = lane_col(wid, lid, j);
             if (gm < p.m && gn < p.n) {
-                let z = acc[i * TN + j] + bias[p.bias_off + gn];
+                let z = acc_at(i * TN + j) + bias[p.bias_off + gn];
                 pre[(wid.z * p.m + gm) * p.n + gn] = z;
                 let k = 0.7978845608028654; // sqrt(2 / pi)
                 let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
@@ -284,13 +345,13 @@ fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 // (unless split: the partials keep it). An entry point of its own: matmul's layout has no `pre`.
 @compute @workgroup_size(WG)
 fn matmul_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let acc = tile_product(wid, lid);
+    tile_product(wid, lid);
     for (var i = 0u; i < TM; i++) {
         let gm = lane_row(wid, lid, i);
         for (var j = 0u; j < TN; j++) {
             let gn = lane_col(wid, lid, j);
             if (gm < p.m && gn < p.n) {
-                let v = acc[i * TN + j];
+                let v = acc_at(i * TN + j);
                 if (gm == p.m - 1u && p.k_split == 0u) {
                     let o = p.bias_off + gn;
                     pre[o] = select(v, pre[o] + v, ACC);

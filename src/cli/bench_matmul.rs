@@ -163,6 +163,7 @@ pub fn run(args: &Args) -> Result<()> {
             b_t,
             bias: false,
             gelu: false,
+            residual: false,
             aligned: natural_rows_aligned(m, n, k, batch, a_t, b_t),
         };
         let search: Option<Search> = if args.search {

@@ -128,6 +128,7 @@ fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<Ma
             b_t: bt,
             bias: false,
             gelu: false,
+            residual: false,
             aligned: natural_rows_aligned(m, n, k, batch, false, bt),
         };
         let gflops = 2.0 * (m * n * k * batch) as f64 / (ms * 1e-3) / 1e9;

@@ -204,7 +204,8 @@ pub fn split_sum_spec(c: DType, acc: bool) -> Spec {
     Spec::new().ty("TC", c.wgsl()).bool("ACC", acc)
 }
 
-/// A workgroup tile: BM x BN outputs, K staged BK at a time, TM x TN per lane.
+/// A workgroup tile: BM x BN outputs, K staged BK at a time, TM x TN per lane; `vec`: the
+/// lane's block in runs of 4 rows and columns read as vectors (`matmul.wgsl`'s VEC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tile {
     pub bm: u32,
@@ -212,33 +213,66 @@ pub struct Tile {
     pub bk: u32,
     pub tm: u32,
     pub tn: u32,
+    pub vec: bool,
 }
 
 impl Tile {
+    /// An interleaved tile (not `vec`).
+    pub const fn new(bm: u32, bn: u32, bk: u32, tm: u32, tn: u32) -> Tile {
+        Tile {
+            bm,
+            bn,
+            bk,
+            tm,
+            tn,
+            vec: false,
+        }
+    }
+
+    /// The tile with its block in vector runs.
+    pub const fn vec(self) -> Tile {
+        Tile { vec: true, ..self }
+    }
+
     pub const fn lanes(&self) -> u32 {
         (self.bm / self.tm) * (self.bn / self.tn)
     }
 
-    /// Workgroup memory the tile stages per step of K (rows padded by one word).
+    /// Workgroup memory the tile stages per step of K, f32 (rows padded by one word, or by one
+    /// vector with `vec`, plus the other form's one-element placeholder).
     pub const fn workgroup_bytes(&self) -> u32 {
-        4 * self.bk * (self.bm + 1 + self.bn + 1)
+        if self.vec {
+            4 * self.bk * (self.bm + 4 + self.bn + 4) + 8
+        } else {
+            4 * self.bk * (self.bm + 1 + self.bn + 1) + 32
+        }
     }
 
     pub fn name(&self) -> String {
         format!(
-            "{}x{}x{}/{}x{}",
-            self.bm, self.bn, self.bk, self.tm, self.tn
+            "{}x{}x{}/{}x{}{}",
+            self.bm,
+            self.bn,
+            self.bk,
+            self.tm,
+            self.tn,
+            if self.vec { "v" } else { "" }
         )
     }
 
-    /// Parses `name`'s form (`64x64x16/4x4`); None unless the tile is one the kernel can run
-    /// (register blocks dividing the tile, at most 1,024 lanes).
+    /// Parses `name`'s form (`64x64x16/4x4`, `128x128x8/8x8v`); None unless the tile is one the
+    /// kernel can run (register blocks dividing the tile, in runs of 4 with `v`, at most 1,024
+    /// lanes).
     pub fn parse(s: &str) -> Option<Tile> {
         let (block, lane) = s.split_once('/')?;
         let dims: Vec<u32> = block
             .split('x')
             .map(|x| x.parse().ok())
             .collect::<Option<_>>()?;
+        let (lane, vec) = match lane.strip_suffix('v') {
+            Some(l) => (l, true),
+            None => (lane, false),
+        };
         let (tm, tn) = lane.split_once('x')?;
         let t = match dims[..] {
             [bm, bn, bk] => Tile {
@@ -247,6 +281,7 @@ impl Tile {
                 bk,
                 tm: tm.parse().ok()?,
                 tn: tn.parse().ok()?,
+                vec,
             },
             _ => return None,
         };
@@ -255,6 +290,7 @@ impl Tile {
             && t.bk > 0
             && t.bm.is_multiple_of(t.tm)
             && t.bn.is_multiple_of(t.tn)
+            && (!t.vec || (t.tm.is_multiple_of(4) && t.tn.is_multiple_of(4)))
             && (1..=1024).contains(&t.lanes())
             // Each lane keeps a bit per staged element of A and of B (matmul.wgsl).
             && (t.bm * t.bk).div_ceil(t.lanes()) <= 32
@@ -263,32 +299,16 @@ impl Tile {
     }
 }
 
-/// The tiles the engine chooses among (each 256 lanes, at most 8 KiB of workgroup memory,
-/// under WebGPU's 16 KiB default), largest first.
-/// (128x128x8/8x8 was measured and lost to 64x64x16/4x4 on an H200: 2.2 against 3.2 TFLOP/s at
-/// 4096^3, 2026-11-22, PROFILING.md.)
-pub const TILES: [Tile; 3] = [
-    Tile {
-        bm: 64,
-        bn: 64,
-        bk: 16,
-        tm: 4,
-        tn: 4,
-    },
-    Tile {
-        bm: 32,
-        bn: 32,
-        bk: 16,
-        tm: 2,
-        tn: 2,
-    },
-    Tile {
-        bm: 16,
-        bn: 16,
-        bk: 16,
-        tm: 1,
-        tn: 1,
-    },
+/// The tiles the engine chooses among (each 256 lanes, at most 8.3 KiB of workgroup memory,
+/// under WebGPU's 16 KiB default), largest first: on an H100 the two vector-run tiles were the
+/// fastest at 4096^3 and at the DistilGPT-2 step's f32 products (31.5 and 28.1 TFLOP/s against
+/// 24.4 for the interleaved 64x64x16/4x4 that led before; `wgrad bench matmul --search`,
+/// 2026-11-25, PROFILING.md).
+pub const TILES: [Tile; 4] = [
+    Tile::new(128, 64, 8, 8, 4).vec(),
+    Tile::new(64, 64, 8, 4, 4).vec(),
+    Tile::new(32, 32, 16, 2, 2),
+    Tile::new(16, 16, 16, 1, 1),
 ];
 
 /// The tile for an (M, N) output of `batch` matrices: the largest one that still gives the
@@ -393,6 +413,7 @@ pub fn spec_ones(t: Tile, acc: bool, types: Types, ones: bool) -> Spec {
             .u32("BK", t.bk)
             .u32("TM", t.tm)
             .u32("TN", t.tn)
+            .bool("VEC", t.vec)
             .bool("ACC", acc)
             .bool("ONES", ones),
     )

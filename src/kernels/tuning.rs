@@ -45,6 +45,13 @@ pub struct ProductKey {
     /// (Missing in a table file written before the field: aligned.)
     #[serde(default = "aligned_by_default")]
     pub aligned: bool,
+    /// The residual epilogue (with `bias`): one more load an element, and an entry point of
+    /// its own, which the driver may compile apart from the bias one (an H100 ran a
+    /// 64x128x8/8x8v residual product 13x slower than its bias product, 2026-11-25), so it
+    /// tunes apart. A table without residual entries serves them with their bias entries
+    /// (`TileTable::get`). (Missing in a table file written before the field: none.)
+    #[serde(default)]
+    pub residual: bool,
 }
 
 fn aligned_by_default() -> bool {
@@ -98,6 +105,8 @@ impl ProductKey {
         }
         if self.gelu {
             s += " +bias+gelu";
+        } else if self.residual {
+            s += " +bias+residual";
         } else if self.bias {
             s += " +bias";
         }
@@ -162,12 +171,23 @@ pub struct TileTable {
 
 impl TileTable {
     pub fn get(&self, key: &ProductKey) -> Option<TileChoice> {
-        self.entries.get(key).map(|(c, _, _)| *c)
+        self.entry(key).map(|(c, _, _)| *c)
     }
 
     /// The measured number of K ranges of `key`, if any.
     pub fn split(&self, key: &ProductKey) -> Option<u32> {
-        self.entries.get(key).and_then(|(_, s, _)| *s)
+        self.entry(key).and_then(|(_, s, _)| *s)
+    }
+
+    /// `key`'s entry; a residual product without one of its own takes its bias product's.
+    fn entry(&self, key: &ProductKey) -> Option<&(TileChoice, Option<u32>, f64)> {
+        self.entries.get(key).or_else(|| {
+            let bias = ProductKey {
+                residual: false,
+                ..*key
+            };
+            key.residual.then(|| self.entries.get(&bias)).flatten()
+        })
     }
 
     /// Records `choice` with `split` K ranges (None: the launcher's rule), measured at `ms`,
@@ -264,18 +284,24 @@ pub fn cache_file(info: &wgpu::AdapterInfo) -> Option<PathBuf> {
     )))
 }
 
-/// The tiled kernel's tiles a search measures: the defaults and larger register blocks.
+/// The tiled kernel's tiles a search measures: the defaults, their blocks interleaved, and
+/// other register blocks.
 pub fn tiled_search_tiles() -> Vec<Tile> {
     let mut v = TILES.to_vec();
     for (bm, bn, bk, tm, tn) in [
         (128, 128, 8, 8, 8),
+        (128, 128, 16, 8, 8),
+        (128, 64, 8, 8, 8),
+        (64, 128, 8, 8, 8),
         (128, 64, 16, 8, 4),
         (64, 128, 16, 4, 8),
+        (64, 64, 16, 4, 4),
         (64, 64, 32, 4, 4),
-        (64, 64, 8, 4, 4),
     ] {
-        v.push(Tile { bm, bn, bk, tm, tn });
+        v.push(Tile::new(bm, bn, bk, tm, tn).vec());
     }
+    v.push(Tile::new(64, 64, 16, 4, 4));
+    v.push(Tile::new(128, 64, 16, 8, 4));
     v
 }
 
@@ -298,6 +324,7 @@ mod tests {
             bias: false,
             gelu: false,
             aligned: true,
+            residual: false,
         };
         let mut t = TileTable::default();
         t.insert(
@@ -337,6 +364,7 @@ mod tests {
             bias: true,
             gelu: false,
             aligned: true,
+            residual: false,
         };
         let mut t = TileTable::default();
         t.insert(key, TileChoice::Tiled(TILES[0]), Some(4), 0.05);
@@ -347,8 +375,49 @@ mod tests {
              "b_f16": true, "a_t": false, "b_t": false, "bias": true, "gelu": false,
              "aligned": true, "tile": "tiled 64x64x16/4x4", "ms": 0.07}]}"#;
         let old = TileTable::from_json(older, "GPU", "1.0").unwrap();
-        assert_eq!(old.get(&key), Some(TileChoice::Tiled(TILES[0])));
+        // An interleaved tile's name, as tables written before vector runs name it.
+        assert_eq!(
+            old.get(&key),
+            Some(TileChoice::Tiled(Tile::new(64, 64, 16, 4, 4)))
+        );
         assert_eq!(old.split(&key), None);
+    }
+
+    /// A residual product takes its own entry where it has one, else its bias product's (a
+    /// table searched before residual products tuned apart).
+    #[test]
+    fn residual_products_fall_back_to_their_bias_entries() {
+        let bias = ProductKey {
+            m: 4096,
+            n: 768,
+            k: 768,
+            batch: 1,
+            half: false,
+            a_f16: false,
+            b_f16: false,
+            a_t: false,
+            b_t: false,
+            bias: true,
+            gelu: false,
+            aligned: true,
+            residual: false,
+        };
+        let res = ProductKey {
+            residual: true,
+            ..bias
+        };
+        let mut t = TileTable::default();
+        t.insert(bias, TileChoice::Tiled(TILES[0]), Some(2), 0.4);
+        assert_eq!(t.get(&res), Some(TileChoice::Tiled(TILES[0])));
+        assert_eq!(t.split(&res), Some(2));
+        t.insert(res, TileChoice::Tiled(TILES[1]), None, 0.5);
+        assert_eq!(t.get(&res), Some(TileChoice::Tiled(TILES[1])));
+        assert_eq!(t.split(&res), None);
+        assert_eq!(t.get(&bias), Some(TileChoice::Tiled(TILES[0])));
+        // Not the other way: a bias product never takes a residual entry.
+        let mut r = TileTable::default();
+        r.insert(res, TileChoice::Tiled(TILES[1]), None, 0.5);
+        assert_eq!(r.get(&bias), None);
     }
 
     #[test]

@@ -426,12 +426,12 @@ impl Tensor {
             a_t: params.a_ms == 1 && params.a_ks != 1,
             b_t: params.b_ks == 1 && params.b_ns != 1,
             // Column sums run the plain product with one more row: its measured tile serves.
-            // A residual adds one load an element to a bias product's epilogue: its tile serves.
             bias: matches!(
                 epilogue,
                 Epilogue::Bias(_) | Epilogue::BiasGelu { .. } | Epilogue::BiasResidual { .. }
             ),
             gelu: matches!(epilogue, Epilogue::BiasGelu { .. }),
+            residual: matches!(epilogue, Epilogue::BiasResidual { .. }),
             aligned: [&a, &b, &out]
                 .iter()
                 .all(|t| rows_aligned(t.layout().offset, t.shape(), t.strides())),
