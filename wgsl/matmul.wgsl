@@ -113,9 +113,10 @@ fn b_at(e: u32) -> vec2<u32> {
     return vec2<u32>(e / BN, e % BN);
 }
 
-// The lane's TM x TN accumulators, element e = i * TN + j at acc[e / 4][e % 4] (with VEC, row i's
-// run g of 4 columns is acc[i * TN / 4 + g]). A private variable, not a returned array: the
-// driver kept a returned 8 x 8 block in local memory (H100, 2026-11-25).
+// The lane's TM x TN accumulators, element e = i * TN + j at acc[e / 4][e % 4] (with VEC, row
+// i's run g of 4 columns is acc[i * TN / 4 + g]). A private variable, not a returned array: an
+// 8 x 8 block returned by value went to local memory (256 bytes a lane), as a private variable
+// it stays in registers (H100, 2026-11-25; `examples/shader_stats`).
 const ACC4: u32 = max(TM * TN / 4u, 1u);
 var<private> acc: array<vec4<f32>, ACC4>;
 
@@ -123,8 +124,8 @@ fn acc_at(e: u32) -> f32 {
     return acc[e / 4u][e % 4u];
 }
 
-// The (TM x TN) block of A @ B this lane owns, for the workgroup's tile, into `acc`. The next step's
-// elements are loaded into registers while this step multiplies, and stored after it; the
+// The (TM x TN) block of A @ B this lane owns, for the workgroup's tile, into `acc`. The next
+// step's elements are loaded into registers while this step multiplies, and stored after it; the
 // loads are branch-free (a lane outside the operand reads element 0) and masked at the store,
 // so they are in flight during the multiply.
 fn tile_product(wid: vec3<u32>, lid: u32) {
