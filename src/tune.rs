@@ -146,9 +146,10 @@ pub fn time_product(
     } else {
         DType::F32
     };
-    // Padded output rows where the key says so and N is not a multiple of 8.
+    // Padded output rows where the key says so and N is not a multiple of 8 (not for a
+    // residual, which goes into a contiguous output).
     let padded = match row_length(key, n) {
-        len if len > n => {
+        len if len > n && !key.residual => {
             let mut wide = shape.clone();
             *wide.last_mut().expect("rank 2 or more") = len;
             Some(Tensor::uninit(device, &wide, out_dtype, "tune")?.narrow(-1, 0, n)?)

@@ -2314,12 +2314,15 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
 }
 
 /// Every tile a search may choose for the tiled kernel (interleaved and vector-run register
-/// blocks) gives a linear's forward (bias and GELU epilogue), a second one's with a residual,
-/// their dX, and their dW with the bias gradient as column sums, at sizes no tile divides:
-/// each set for every product in turn, against the heuristic's tiles (which the tests above
-/// check against f64).
+/// blocks), and blocks the accumulators hold only rounded up to vectors (3x3, 2x3), give a
+/// linear's forward (bias and GELU epilogue), a second one's with a residual, their dX, and
+/// their dW with the bias gradient as column sums, at sizes no tile divides: each set for
+/// every product in turn, whole and (where a product may split K) in 2 ranges of K, and a
+/// second backward added into the first's gradients; against the heuristic's tiles (which the
+/// tests above check against f64).
 #[test]
 fn every_searched_tile_gives_a_linears_products() {
+    use wgrad::kernels::matmul::Tile;
     use wgrad::kernels::tuning::{tiled_search_tiles, TileChoice};
     use wgrad::ops::Activation;
     let d = private_dev();
@@ -2333,17 +2336,24 @@ fn every_searched_tile_gives_a_linears_products() {
     let w2 = param(&[h, o], 0.3);
     let b2 = param(&[o], 0.5);
     let res = param(&[rows, o], 1.0);
-    let step = || -> wgrad::Result<Vec<Vec<f32>>> {
-        for p in [&x, &w, &b, &w2, &b2, &res] {
-            p.zero_grad();
-        }
+    let params = [&x, &w, &b, &w2, &b2, &res];
+    let backward = || -> wgrad::Result<Vec<Vec<f32>>> {
         let y = x.linear(&w, Some(&b), Activation::Gelu)?;
         let z = y.linear_residual(&w2, &b2, &res)?;
         z.square()?.sum_all()?.backward()?;
         let mut out = vec![y.to_vec()?, z.to_vec()?];
-        for p in [&x, &w, &b, &w2, &b2, &res] {
+        for p in params {
             out.push(p.grad().expect("reached by backward").to_vec()?);
         }
+        Ok(out)
+    };
+    // Two backwards: the second's weight gradients are added into the first's.
+    let step = || -> wgrad::Result<Vec<Vec<f32>>> {
+        for p in params {
+            p.zero_grad();
+        }
+        let mut out = backward()?;
+        out.extend(backward()?);
         Ok(out)
     };
     d.log_products(true);
@@ -2352,16 +2362,28 @@ fn every_searched_tile_gives_a_linears_products() {
     d.log_products(false);
     assert!(keys.iter().any(|k| k.residual), "{keys:?}");
     assert!(keys.iter().any(|k| k.gelu), "{keys:?}");
-    let tiles = tiled_search_tiles();
+    let mut tiles = tiled_search_tiles();
     assert!(tiles.iter().any(|t| t.vec) && tiles.iter().any(|t| !t.vec));
+    tiles.extend(["48x48x16/3x3", "32x48x16/2x3"].map(|n| Tile::parse(n).unwrap()));
+    let limit = d.gpu().limits.max_compute_workgroup_storage_size;
     for t in tiles {
-        for key in &keys {
-            d.set_tile(*key, TileChoice::Tiled(t), None, 1.0);
-        }
-        let got = step().unwrap();
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
-            assert_close(g, &w, TOL, &format!("tile {}: output {i}", t.name()));
+        assert!(
+            t.workgroup_bytes() <= limit,
+            "tile {} needs {} bytes of workgroup memory, the adapter has {limit}: it would not run",
+            t.name(),
+            t.workgroup_bytes()
+        );
+        for split in [None, Some(2)] {
+            for key in &keys {
+                let split = split.filter(|_| !key.gelu && key.batch == 1);
+                d.set_tile(*key, TileChoice::Tiled(t), split, 1.0);
+            }
+            let got = step().unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+                let what = format!("tile {} split {split:?}: output {i}", t.name());
+                assert_close(g, &w, TOL, &what);
+            }
         }
     }
 }

@@ -117,7 +117,7 @@ fn b_at(e: u32) -> vec2<u32> {
 // i's run g of 4 columns is acc[i * TN / 4 + g]). A private variable, not a returned array: an
 // 8 x 8 block returned by value went to local memory (256 bytes a lane), as a private variable
 // it stays in registers (H100, 2026-11-25; `examples/shader_stats`).
-const ACC4: u32 = max(TM * TN / 4u, 1u);
+const ACC4: u32 = (TM * TN + 3u) / 4u;
 var<private> acc: array<vec4<f32>, ACC4>;
 
 fn acc_at(e: u32) -> f32 {

@@ -238,11 +238,12 @@ impl Tile {
         (self.bm / self.tm) * (self.bn / self.tn)
     }
 
-    /// Workgroup memory the tile stages per step of K, f32 (rows padded by one word, or by one
-    /// vector with `vec`, plus the other form's one-element placeholder).
+    /// Workgroup memory the tile stages per step of K, as f32 (rows padded by one word, or by
+    /// one vector with `vec`, plus the other form's one-element placeholders and up to 8 bytes
+    /// aligning the vectors; f16 staging takes about half).
     pub const fn workgroup_bytes(&self) -> u32 {
         if self.vec {
-            4 * self.bk * (self.bm + 4 + self.bn + 4) + 8
+            4 * self.bk * (self.bm + 4 + self.bn + 4) + 16
         } else {
             4 * self.bk * (self.bm + 1 + self.bn + 1) + 32
         }
@@ -299,7 +300,7 @@ impl Tile {
     }
 }
 
-/// The tiles the engine chooses among (each 256 lanes, at most 8.3 KiB of workgroup memory,
+/// The tiles the engine chooses among (each 256 lanes, at most 6.3 KiB of workgroup memory,
 /// under WebGPU's 16 KiB default), largest first: on an H100 the two vector-run tiles were the
 /// fastest at 4096^3 and at the DistilGPT-2 step's f32 products (31.5 and 28.1 TFLOP/s against
 /// 24.4 for the interleaved 64x64x16/4x4 that led before; `wgrad bench matmul --search`,

@@ -45,11 +45,14 @@ pub struct ProductKey {
     /// (Missing in a table file written before the field: aligned.)
     #[serde(default = "aligned_by_default")]
     pub aligned: bool,
-    /// The residual epilogue (with `bias`): one more load an element, and an entry point of
-    /// its own, which the driver may compile apart from the bias one (an H100 ran a
-    /// 64x128x8/8x8v residual product 13x slower than its bias product, 2026-11-25), so it
-    /// tunes apart. A table without residual entries serves them with their bias entries
-    /// (`TileTable::get`). (Missing in a table file written before the field: none.)
+    /// The tiled kernel's residual epilogue (with `bias`): one more load an element, and an
+    /// entry point of its own, which the driver may compile apart from the bias one (an H100
+    /// ran the 8 x 512 f32 step's residual products on 64x128x8/8x8v at 6.4 ms each against
+    /// 0.4 on 128x64x8/8x4v, 2026-11-25: that tile's residual entry point spilled, its bias
+    /// one did not), so it tunes apart. A table without
+    /// residual entries serves them with their bias entries (`TileTable::get`). Never set for
+    /// the cooperative-matrix kernel, which runs some residual products as bias products.
+    /// (Missing in a table file written before the field: none.)
     #[serde(default)]
     pub residual: bool,
 }
@@ -213,8 +216,9 @@ impl TileTable {
             .collect();
         rows.sort_by_key(|(k, _, _, _)| {
             (
-                k.m, k.n, k.k, k.batch, k.half, k.a_f16, k.b_f16, k.a_t, k.b_t, k.bias, k.gelu,
-                k.aligned,
+                (k.m, k.n, k.k, k.batch),
+                (k.half, k.a_f16, k.b_f16, k.a_t, k.b_t),
+                (k.bias, k.gelu, k.residual, k.aligned),
             )
         });
         rows
@@ -284,8 +288,8 @@ pub fn cache_file(info: &wgpu::AdapterInfo) -> Option<PathBuf> {
     )))
 }
 
-/// The tiled kernel's tiles a search measures: the defaults, their blocks interleaved, and
-/// other register blocks.
+/// The tiled kernel's tiles a search measures: the defaults, other vector-run blocks, and the
+/// interleaved blocks of the tiles that led before vector runs (64x64x16/4x4, 128x64x16/8x4).
 pub fn tiled_search_tiles() -> Vec<Tile> {
     let mut v = TILES.to_vec();
     for (bm, bn, bk, tm, tn) in [
@@ -418,6 +422,39 @@ mod tests {
         let mut r = TileTable::default();
         r.insert(res, TileChoice::Tiled(TILES[1]), None, 0.5);
         assert_eq!(r.get(&bias), None);
+        // Both entries survive a round trip through the file, in a stable order.
+        let json = t.to_json("GPU", "1.0");
+        assert_eq!(json, t.to_json("GPU", "1.0"));
+        let back = TileTable::from_json(&json, "GPU", "1.0").unwrap();
+        assert_eq!(back.rows().len(), 2);
+        assert_eq!(back.get(&res), Some(TileChoice::Tiled(TILES[1])));
+        assert_eq!(back.get(&bias), Some(TileChoice::Tiled(TILES[0])));
+        assert_eq!(back.split(&bias), Some(2));
+    }
+
+    /// Vector runs need register blocks in multiples of 4; any other block the kernel's
+    /// accumulators hold (rounded up to vectors) parses.
+    #[test]
+    fn vector_runs_need_blocks_of_four() {
+        assert_eq!(
+            Tile::parse("128x64x8/8x4v"),
+            Some(Tile::new(128, 64, 8, 8, 4).vec())
+        );
+        assert_eq!(
+            Tile::parse("128x64x8/8x4"),
+            Some(Tile::new(128, 64, 8, 8, 4))
+        );
+        for bad in [
+            "64x64x16/2x2v",
+            "64x48x16/4x6v",
+            "48x48x16/3x3v",
+            "64x64x16/4x4w",
+        ] {
+            assert_eq!(Tile::parse(bad), None, "{bad}");
+        }
+        for odd in ["48x48x16/3x3", "32x48x16/2x3"] {
+            assert!(Tile::parse(odd).is_some(), "{odd}");
+        }
     }
 
     #[test]

@@ -437,6 +437,13 @@ impl Tensor {
                 .all(|t| rows_aligned(t.layout().offset, t.shape(), t.strides())),
         };
         let dev = self.device();
+        // The tiled kernel's residual entry point tunes apart from its bias one. The
+        // cooperative-matrix kernel runs some residual products as bias products and a copy
+        // (below), so there the bias product's entry serves.
+        let key = ProductKey {
+            residual: key.residual && coop_for(dev, &key).is_none(),
+            ..key
+        };
         let choice = choose_kernel(dev, &key);
         if let Some(sums) = sums {
             if batch != 1 || (matches!(choice, Choice::Coop(..)) && !m.is_multiple_of(8)) {
@@ -467,8 +474,8 @@ impl Tensor {
             }
         };
         // Too few workgroups over a long K: ranges of K in workgroups of their own, partial
-        // products summed by a second kernel, which adds a bias product's bias (plain and bias
-        // products; batch 1; GELU's epilogue does not split).
+        // products summed by a second kernel, which adds a bias product's bias and residual
+        // (plain, bias and residual products; batch 1; GELU's epilogue does not split).
         let split = match epilogue {
             Epilogue::None
             | Epilogue::Bias(_)
