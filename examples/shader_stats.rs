@@ -24,7 +24,7 @@ use std::ffi::{c_char, CStr};
 use ash::vk;
 use wgrad::kernels::matmul::{self, Tile, Types};
 use wgrad::kernels::matmul_coop::{self, Coop, CoopTile, OperandAccess};
-use wgrad::kernels::{compose_source, Family, Spec};
+use wgrad::kernels::{compose_source, Family, KernelDesc, Spec};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -56,14 +56,16 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
     match kind {
         "coop" => {
             let t = CoopTile::parse(tile)?;
-            let entry: &'static str = match entry {
-                None | Some("matmul_coop") => "matmul_coop",
-                Some("matmul_coop_bias") => "matmul_coop_bias",
-                Some("matmul_coop_bias_gelu") => "matmul_coop_bias_gelu",
-                Some("matmul_coop_bias_res") => "matmul_coop_bias_res",
-                Some("matmul_coop_sums") => "matmul_coop_sums",
-                Some(_) => return None,
-            };
+            let entry = entry_named(
+                entry,
+                &[
+                    &matmul_coop::MATMUL_COOP,
+                    &matmul_coop::MATMUL_COOP_BIAS,
+                    &matmul_coop::MATMUL_COOP_BIAS_GELU,
+                    &matmul_coop::MATMUL_COOP_BIAS_RES,
+                    &matmul_coop::MATMUL_COOP_SUMS,
+                ],
+            )?;
             let direct = matches!(entry, "matmul_coop" | "matmul_coop_bias") && !scratch;
             let coop = Coop {
                 fs: 16,
@@ -80,18 +82,28 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
         }
         "tiled" => {
             let t = Tile::parse(tile)?;
-            let entry: &'static str = match entry {
-                None | Some("matmul") => "matmul",
-                Some("matmul_bias") => "matmul_bias",
-                Some("matmul_bias_gelu") => "matmul_bias_gelu",
-                Some("matmul_bias_res") => "matmul_bias_res",
-                Some("matmul_sums") => "matmul_sums",
-                Some(_) => return None,
-            };
+            let entry = entry_named(
+                entry,
+                &[
+                    &matmul::MATMUL,
+                    &matmul::MATMUL_BIAS,
+                    &matmul::MATMUL_BIAS_GELU,
+                    &matmul::MATMUL_BIAS_RES,
+                    &matmul::MATMUL_SUMS,
+                ],
+            )?;
             let spec = matmul::spec_ones(t, false, Types::F32, entry == "matmul_sums");
             Some((arg.to_string(), &matmul::FAMILY, entry, spec))
         }
         _ => None,
+    }
+}
+
+/// The entry point `name` among a family's `kernels` (the first where no name is given).
+fn entry_named(name: Option<&str>, kernels: &[&'static KernelDesc]) -> Option<&'static str> {
+    match name {
+        None => Some(kernels[0].name),
+        Some(n) => kernels.iter().map(|k| k.name).find(|k| *k == n),
     }
 }
 

@@ -6,7 +6,7 @@ use clap::Parser;
 
 /// mimalloc instead of the system allocator: recording a step makes and frees a few thousand
 /// small objects (tensor handles, layouts, dispatch records), and glibc's malloc and free were
-/// about a third of the host's time a step (`perf` on the noop backend, PROFILING.md).
+/// about 30% of the host's samples a step (`perf` on the noop backend, PROFILING.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

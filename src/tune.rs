@@ -127,8 +127,8 @@ fn row_length(key: &ProductKey, inner: usize) -> usize {
 
 /// Median GPU milliseconds of `a @ b` as `key` says: under autocast when `half`; plus a bias,
 /// a bias and a residual, or a bias and GELU into an output of the autocast type (f16 under
-/// autocast), as `linear` records them; into rows padded as `operands` pads them; over `reps` products after untimed
-/// ones that compile the pipelines and bring the GPU's clocks up
+/// autocast), as `linear` records them; into rows padded as `operands` pads them; over `reps`
+/// products after untimed ones that compile the pipelines and bring the GPU's clocks up
 /// (`profile::ceilings::gpu_ms`: the split-K sum, where there is one, included).
 pub fn time_product(
     device: &Device,

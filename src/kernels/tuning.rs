@@ -49,10 +49,10 @@ pub struct ProductKey {
     /// entry point of its own, which the driver may compile apart from the bias one (an H100
     /// ran the 8 x 512 f32 step's residual products on 64x128x8/8x8v at 6.4 ms each against
     /// 0.4 on 128x64x8/8x4v, 2026-11-25: that tile's residual entry point spilled, its bias
-    /// one did not), so it tunes apart. A table without
-    /// residual entries serves them with their bias entries (`TileTable::get`). Never set for
-    /// the cooperative-matrix kernel, which runs some residual products as bias products.
-    /// (Missing in a table file written before the field: none.)
+    /// one did not), so it tunes apart. A table without residual entries serves them with
+    /// their bias entries (`TileTable::get`). Never set for the cooperative-matrix kernel,
+    /// which runs some residual products as bias products. (Missing in a table file written
+    /// before the field: none.)
     #[serde(default)]
     pub residual: bool,
 }
@@ -313,22 +313,32 @@ pub fn tiled_search_tiles() -> Vec<Tile> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_table_round_trips_through_json_for_its_adapter_only() {
-        let key = ProductKey {
-            m: 4096,
-            n: 50257,
-            k: 768,
+    /// A plain f32 product of one M x N x K matrix, rows aligned: the tests' keys vary it.
+    fn key(m: u32, n: u32, k: u32) -> ProductKey {
+        ProductKey {
+            m,
+            n,
+            k,
             batch: 1,
-            half: true,
+            half: false,
             a_f16: false,
-            b_f16: true,
+            b_f16: false,
             a_t: false,
-            b_t: true,
+            b_t: false,
             bias: false,
             gelu: false,
             aligned: true,
             residual: false,
+        }
+    }
+
+    #[test]
+    fn a_table_round_trips_through_json_for_its_adapter_only() {
+        let key = ProductKey {
+            half: true,
+            b_f16: true,
+            b_t: true,
+            ..key(4096, 50257, 768)
         };
         let mut t = TileTable::default();
         t.insert(
@@ -356,19 +366,11 @@ mod tests {
     #[test]
     fn bias_entries_keep_their_splits_and_older_ones_load_without() {
         let key = ProductKey {
-            m: 512,
-            n: 768,
-            k: 3072,
-            batch: 1,
             half: true,
             a_f16: true,
             b_f16: true,
-            a_t: false,
-            b_t: false,
             bias: true,
-            gelu: false,
-            aligned: true,
-            residual: false,
+            ..key(512, 768, 3072)
         };
         let mut t = TileTable::default();
         t.insert(key, TileChoice::Tiled(TILES[0]), Some(4), 0.05);
@@ -392,19 +394,8 @@ mod tests {
     #[test]
     fn residual_products_fall_back_to_their_bias_entries() {
         let bias = ProductKey {
-            m: 4096,
-            n: 768,
-            k: 768,
-            batch: 1,
-            half: false,
-            a_f16: false,
-            b_f16: false,
-            a_t: false,
-            b_t: false,
             bias: true,
-            gelu: false,
-            aligned: true,
-            residual: false,
+            ..key(4096, 768, 768)
         };
         let res = ProductKey {
             residual: true,
