@@ -13,7 +13,8 @@
 //! entry point ENTRY, e.g. `matmul_coop_bias_gelu`, its epilogue through the scratch tile; the
 //! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too) or
 //! `tiled:TILE` (the f32 tiled kernel; `tiled:TILE:ENTRY` its entry point ENTRY, e.g.
-//! `matmul_bias_res`). The SPIR-V is written by naga with the options wgpu
+//! `matmul_bias_res`; `tiled:TILE:ENTRY:v4` with both operands read in vectors of 4, as a
+//! step's aligned products are on a vector tile). The SPIR-V is written by naga with the options wgpu
 //! uses for the engine's shader modules (no bounds checks, no loop bounding, no division
 //! checks). `--no-robust` opens the device without robustBufferAccess / robustBufferAccess2
 //! (wgpu turns both on where offered), to see what the driver's bounds checks cost in
@@ -52,7 +53,8 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
     let mut parts = rest.split(':');
     let tile = parts.next()?;
     let entry = parts.next();
-    let scratch = parts.next() == Some("scratch");
+    let flag = parts.next();
+    let scratch = flag == Some("scratch");
     match kind {
         "coop" => {
             let t = CoopTile::parse(tile)?;
@@ -92,7 +94,9 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
                     &matmul::MATMUL_SUMS,
                 ],
             )?;
-            let spec = matmul::spec_ones(t, false, Types::F32, entry == "matmul_sums");
+            // `:v4`: both operands read in vectors of 4 (a step's aligned products).
+            let v4 = flag == Some("v4") && t.vec;
+            let spec = matmul::spec_ones(t, false, Types::F32, (v4, v4), entry == "matmul_sums");
             Some((arg.to_string(), &matmul::FAMILY, entry, spec))
         }
         _ => None,

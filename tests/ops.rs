@@ -2388,6 +2388,135 @@ fn every_searched_tile_gives_a_linears_products() {
     }
 }
 
+/// An (rows, cols) operand: contiguous, or (`narrow`) a view 4 elements into rows of a multiple
+/// of 4 longer than it, the rest of each row NaN: a kernel that reads past the view's end (as
+/// whole vectors do) and fails to mask it gives NaN.
+fn padded_operand(
+    d: &Device,
+    rng: &mut StdRng,
+    rows: usize,
+    cols: usize,
+    narrow: bool,
+) -> (Tensor, Arr) {
+    let logical = Arr::rand(rng, &[rows, cols], -1.0, 1.0);
+    if !narrow {
+        return (logical.upload(d), logical);
+    }
+    let width = cols.next_multiple_of(4) + 8;
+    let stored = Arr::build(&[rows, width], |i| match i[1].checked_sub(4) {
+        Some(c) if c < cols => logical.at(&[i[0], c]),
+        _ => f64::NAN,
+    });
+    let view = stored.upload(d).narrow(1, 4, cols).unwrap();
+    (view, logical)
+}
+
+/// The tiled kernel's vector reads (`matmul.wgsl`'s A_V4, B_V4) on every vector tile the engine
+/// or a search chooses: A read along k or (transposed) m, B along n or (transposed) k; rows of
+/// a multiple of 4 and views narrower than their rows (the last vector partly outside, NaN
+/// there); whole K and 3 ranges of it; and a linear's backward, whose weight gradient takes A's
+/// row of ones beside a vector of x^T's (the bias gradient). Against f64; every product's
+/// dispatch says it read both operands as vectors.
+#[test]
+fn vector_reads_match_f64_on_every_layout() {
+    use wgrad::kernels::tuning::{tiled_search_tiles, TileChoice};
+    use wgrad::ops::Activation;
+    let d = private_dev();
+    d.set_gpu_timing(true);
+    let mut rng = rng("vector reads");
+    let mut tiles: Vec<_> = tiled_search_tiles().into_iter().filter(|t| t.vec).collect();
+    tiles.dedup();
+    assert!(tiles.len() >= 4, "{tiles:?}");
+    // Runs `product` once to learn its keys, then on `tile` (split where a key allows), and
+    // checks that each matmul dispatch read A and B in vectors.
+    let on_tile = |tile, split: Option<u32>, product: &dyn Fn() -> Vec<Tensor>| -> Vec<Tensor> {
+        d.log_products(true);
+        drop(product());
+        let keys = d.take_product_log();
+        d.log_products(false);
+        for key in keys {
+            let split = split.filter(|_| !key.gelu && key.batch == 1);
+            d.set_tile(key, TileChoice::Tiled(tile), split, 1.0);
+        }
+        d.take_gpu_intervals().unwrap();
+        let out = product();
+        for t in &out {
+            t.to_vec().unwrap();
+        }
+        let products: Vec<_> = d
+            .take_gpu_intervals()
+            .unwrap()
+            .into_iter()
+            .filter(|i| i.label.starts_with("matmul") && !i.label.starts_with("matmul_split"))
+            .collect();
+        assert!(!products.is_empty());
+        for i in products {
+            assert!(
+                i.variant.contains("A_V4=true,B_V4=true"),
+                "tile {}: {} {}",
+                tile.name(),
+                i.label,
+                i.variant
+            );
+        }
+        out
+    };
+    for &tile in &tiles {
+        for split in [None, Some(3)] {
+            for (ta, tb, narrow) in (0..8).map(|i| (i & 1 != 0, i & 2 != 0, i & 4 != 0)) {
+                let (m, k, n) = if narrow { (70, 45, 38) } else { (68, 44, 36) };
+                let (x, a) = match ta {
+                    false => padded_operand(&d, &mut rng, m, k, narrow),
+                    true => {
+                        let (x, a) = padded_operand(&d, &mut rng, k, m, narrow);
+                        (x.t().unwrap(), a.t())
+                    }
+                };
+                let (y, b) = match tb {
+                    false => padded_operand(&d, &mut rng, k, n, narrow),
+                    true => {
+                        let (y, b) = padded_operand(&d, &mut rng, n, k, narrow);
+                        (y.t().unwrap(), b.t())
+                    }
+                };
+                let c = on_tile(tile, split, &|| vec![x.matmul(&y).unwrap()]);
+                let what = format!(
+                    "tile {} split {split:?}: {m}x{k}x{n}, A transposed {ta}, B transposed {tb}, narrow {narrow}",
+                    tile.name()
+                );
+                check(&c[0], &a.matmul(&b), TOL, &what);
+            }
+            // dW = x^T dz with the bias gradient as its row of ones: x^T read along m, the
+            // ones starting a vector (44 features) or inside one (45).
+            for narrow in [false, true] {
+                let (rows, c_in, c_out) = if narrow { (70, 45, 36) } else { (68, 44, 36) };
+                let (x, xa) = padded_operand(&d, &mut rng, rows, c_in, narrow);
+                let wa = Arr::rand(&mut rng, &[c_in, c_out], -0.5, 0.5);
+                let ba = Arr::rand(&mut rng, &[c_out], -0.5, 0.5);
+                let (w, b) = (wa.upload(&d).requires_grad(), ba.upload(&d).requires_grad());
+                let grads = on_tile(tile, split, &|| {
+                    w.zero_grad();
+                    b.zero_grad();
+                    let y = x.linear(&w, Some(&b), Activation::None).unwrap();
+                    y.square().unwrap().sum_all().unwrap().backward().unwrap();
+                    vec![y, w.grad().unwrap(), b.grad().unwrap()]
+                });
+                let y = xa
+                    .matmul(&wa)
+                    .zip(&ba.broadcast_to(&[rows, c_out]), |p, q| p + q);
+                let dz = y.map(|v| 2.0 * v);
+                let what = format!(
+                    "tile {} split {split:?}: linear {rows}x{c_in}x{c_out}, narrow {narrow}",
+                    tile.name()
+                );
+                check(&grads[0], &y, TOL, &format!("{what}: y"));
+                check(&grads[1], &xa.t().matmul(&dz), TOL, &format!("{what}: dW"));
+                check(&grads[2], &dz.sum(0, false), TOL, &format!("{what}: db"));
+            }
+        }
+    }
+}
+
 /// The LM head's product into 64-aligned rows (a training step's logits) and the same product
 /// into rows as long as N tune apart (the kernels read and store the two differently: vectors
 /// or gathered elements), the search runs each on operands laid out as its key says, and both

@@ -16,7 +16,7 @@
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
 // matmul_bias_gelu (also saves the pre-activation), matmul_bias_res (+ bias + a residual read
 // through `pre`), matmul_sums (with ONES: the column sums of B too, below). Specialization: BM,
-// BN, BK, TM, TN, VEC, ACC, ONES.
+// BN, BK, TM, TN, VEC, A_V4, B_V4 (operands read as vectors, below), ACC, ONES.
 //
 // ONES: A's last row (m = M - 1) is not read but taken as ones, so C's last row is the column
 // sums of B (a linear's bias gradient beside its weight gradient, dW = x^T dz: the sums of dz
@@ -54,8 +54,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> c: array<TC>;
-@group(0) @binding(2) var<storage, read> a: array<TA>;
-@group(0) @binding(3) var<storage, read> b: array<TB>;
+@group(0) @binding(2) var<storage, read> a: array<vec4<TA>>; // element i: a[i >> 2][i & 3]
+@group(0) @binding(3) var<storage, read> b: array<vec4<TB>>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
 @group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
 
@@ -98,19 +98,53 @@ const B_LOADS: u32 = (BK * BN + WG - 1u) / WG;
 
 // Element e of a step's A tile: (m, k) in the tile; consecutive lanes walk A's unit-stride dim
 // (k for a row-major A, m for a transposed view), so global reads coalesce either way.
+fn a_unit_m() -> bool {
+    return p.a_ms == 1u && p.a_ks != 1u;
+}
+
 fn a_at(e: u32) -> vec2<u32> {
-    if (p.a_ms == 1u && p.a_ks != 1u) {
+    if (a_unit_m()) {
         return vec2<u32>(e % BM, e / BM);
     }
     return vec2<u32>(e / BK, e % BK);
 }
 
 // Element e of a step's B tile: (k, n), along n for a row-major B, along k for a transposed view.
+fn b_unit_k() -> bool {
+    return p.b_ks == 1u && p.b_ns != 1u;
+}
+
 fn b_at(e: u32) -> vec2<u32> {
-    if (p.b_ks == 1u && p.b_ns != 1u) {
+    if (b_unit_k()) {
         return vec2<u32>(e % BK, e / BK);
     }
     return vec2<u32>(e / BN, e % BN);
+}
+
+// A_V4 (B_V4): a step reads A (B) as whole vectors of 4 along its unit-stride dim, one load
+// where there were four. The launcher sets it for VEC tiles only, where the operand's offset,
+// batch stride and other stride are multiples of 4, every row's last vector, rounded up to 4
+// elements, lies inside the binding, and (along k) BK is a multiple of 4. Vector e of a step's
+// tile starts at (m, k) (A) or (k, n) (B); the elements of a vector past M, N or the K range
+// are masked to zero when it is stored.
+const A_VECS: u32 = BM * BK / 4u;
+const B_VECS: u32 = BK * BN / 4u;
+const A_VLOADS: u32 = (A_VECS + WG - 1u) / WG;
+const B_VLOADS: u32 = (B_VECS + WG - 1u) / WG;
+const BK4: u32 = max(BK / 4u, 1u); // vectors along a tile's k (unused where BK < 4)
+
+fn a_vec_at(e: u32) -> vec2<u32> {
+    if (a_unit_m()) {
+        return vec2<u32>((e % (BM / 4u)) * 4u, e / (BM / 4u));
+    }
+    return vec2<u32>(e / BK4, (e % BK4) * 4u);
+}
+
+fn b_vec_at(e: u32) -> vec2<u32> {
+    if (b_unit_k()) {
+        return vec2<u32>((e % BK4) * 4u, e / BK4);
+    }
+    return vec2<u32>(e / (BN / 4u), (e % (BN / 4u)) * 4u);
 }
 
 // The lane's TM x TN accumulators, element e = i * TN + j at acc[e / 4][e % 4] (with VEC, row
@@ -124,10 +158,169 @@ fn acc_at(e: u32) -> f32 {
     return acc[e / 4u][e % 4u];
 }
 
+// The next step's share of this lane, in registers while the current step multiplies: elements
+// (or, with A_V4 / B_V4, vectors) and which of them lie inside the operand: bit i (4 bits a
+// vector, one an element of it) of a_ok / b_ok; a_one: the elements that are A's row of ones.
+var<private> a_next: array<TS, A_LOADS>;
+var<private> b_next: array<TS, B_LOADS>;
+var<private> a_next4: array<vec4<TS>, A_VLOADS>;
+var<private> b_next4: array<vec4<TS>, B_VLOADS>;
+var<private> a_ok: u32;
+var<private> b_ok: u32;
+var<private> a_one: u32;
+
+const BIT4: vec4<u32> = vec4<u32>(1u, 2u, 4u, 8u);
+
+// Of 4-bit group i of `bits`, which elements are set.
+fn bits4(bits: u32, i: u32) -> vec4<bool> {
+    return (vec4<u32>(bits >> (4u * i)) & BIT4) != vec4<u32>(0u);
+}
+
+// Loads (branch-free: a lane outside the operand reads its first vector, masked at the store)
+// the lane's share of the A tile at k0, rows from row0.
+fn fetch_a(lid: u32, row0: u32, k0: u32, base: u32) {
+    a_ok = 0u;
+    a_one = 0u;
+    if (A_V4) {
+        let rows = p.m - u32(ONES); // A's rows as stored: with ONES the last is not read
+        for (var i = 0u; i < A_VLOADS; i++) {
+            let e = lid + i * WG;
+            let mk = a_vec_at(e);
+            let gm = row0 + mk.x;
+            let gk = k0 + mk.y;
+            let inside = e < A_VECS && gm < rows && gk < k_hi;
+            let nv = select(0u, min(4u, select(k_hi - gk, rows - gm, a_unit_m())), inside);
+            a_next4[i] = vec4<TS>(a[select(0u, (base + gm * p.a_ms + gk * p.a_ks) >> 2u, nv > 0u)]);
+            a_ok |= ((1u << nv) - 1u) << (4u * i);
+            if (ONES) {
+                // The elements of row M - 1 inside the K range are ones.
+                let last = p.m - 1u;
+                var one = 0u;
+                if (a_unit_m()) {
+                    one = select(0u, 1u << (last - gm), gm <= last && last < gm + 4u);
+                } else {
+                    one = select(0u, (1u << min(4u, k_hi - gk)) - 1u, gm == last);
+                }
+                a_one |= select(0u, one, e < A_VECS && gk < k_hi) << (4u * i);
+            }
+        }
+        return;
+    }
+    for (var i = 0u; i < A_LOADS; i++) {
+        let e = lid + i * WG;
+        let mk = a_at(e);
+        let gm = row0 + mk.x;
+        let gk = k0 + mk.y;
+        let inside = e < BM * BK && gm < p.m && gk < k_hi;
+        let ones = ONES && gm == p.m - 1u;
+        let o = select(0u, base + gm * p.a_ms + gk * p.a_ks, inside && !ones);
+        a_next[i] = TS(a[o >> 2u][o & 3u]);
+        if (ONES) {
+            a_next[i] = select(a_next[i], TS(1.0), ones);
+        }
+        a_ok |= select(0u, 1u << i, inside);
+    }
+}
+
+fn fetch_b(lid: u32, col0: u32, k0: u32, base: u32) {
+    b_ok = 0u;
+    if (B_V4) {
+        for (var i = 0u; i < B_VLOADS; i++) {
+            let e = lid + i * WG;
+            let kn = b_vec_at(e);
+            let gk = k0 + kn.x;
+            let gn = col0 + kn.y;
+            let inside = e < B_VECS && gk < k_hi && gn < p.n;
+            let nv = select(0u, min(4u, select(p.n - gn, k_hi - gk, b_unit_k())), inside);
+            b_next4[i] = vec4<TS>(b[select(0u, (base + gk * p.b_ks + gn * p.b_ns) >> 2u, nv > 0u)]);
+            b_ok |= ((1u << nv) - 1u) << (4u * i);
+        }
+        return;
+    }
+    for (var i = 0u; i < B_LOADS; i++) {
+        let e = lid + i * WG;
+        let kn = b_at(e);
+        let gk = k0 + kn.x;
+        let gn = col0 + kn.y;
+        let ok = e < BK * BN && gk < k_hi && gn < p.n;
+        let o = select(0u, base + gk * p.b_ks + gn * p.b_ns, ok);
+        b_next[i] = TS(b[o >> 2u][o & 3u]);
+        b_ok |= select(0u, 1u << i, ok);
+    }
+}
+
+// Stores the fetched share into the tiles, zero where it lies outside the operand. A vector
+// along the tile's rows (A's m, B's n) is one store; along k, four.
+fn stage_a(lid: u32) {
+    if (A_V4) {
+        for (var i = 0u; i < A_VLOADS; i++) {
+            let e = lid + i * WG;
+            if (e < A_VECS) {
+                let mk = a_vec_at(e);
+                var v = select(vec4<TS>(0.0), a_next4[i], bits4(a_ok, i));
+                if (ONES) {
+                    v = select(v, vec4<TS>(1.0), bits4(a_one, i));
+                }
+                if (a_unit_m()) {
+                    a_tile4[mk.y * A_ROW4 + mk.x / 4u] = v;
+                } else {
+                    for (var c = 0u; c < 4u; c++) {
+                        a_tile4[(mk.y + c) * A_ROW4 + mk.x / 4u][mk.x % 4u] = v[c];
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (var i = 0u; i < A_LOADS; i++) {
+        let e = lid + i * WG;
+        if (e < BM * BK) {
+            let mk = a_at(e);
+            let v = select(TS(0.0), a_next[i], (a_ok & (1u << i)) != 0u);
+            if (VEC) {
+                a_tile4[mk.y * A_ROW4 + mk.x / 4u][mk.x % 4u] = v;
+            } else {
+                a_tile[mk.y * A_ROW + mk.x] = v;
+            }
+        }
+    }
+}
+
+fn stage_b(lid: u32) {
+    if (B_V4) {
+        for (var i = 0u; i < B_VLOADS; i++) {
+            let e = lid + i * WG;
+            if (e < B_VECS) {
+                let kn = b_vec_at(e);
+                let v = select(vec4<TS>(0.0), b_next4[i], bits4(b_ok, i));
+                if (b_unit_k()) {
+                    for (var c = 0u; c < 4u; c++) {
+                        b_tile4[(kn.x + c) * B_ROW4 + kn.y / 4u][kn.y % 4u] = v[c];
+                    }
+                } else {
+                    b_tile4[kn.x * B_ROW4 + kn.y / 4u] = v;
+                }
+            }
+        }
+        return;
+    }
+    for (var i = 0u; i < B_LOADS; i++) {
+        let e = lid + i * WG;
+        if (e < BK * BN) {
+            let kn = b_at(e);
+            let v = select(TS(0.0), b_next[i], (b_ok & (1u << i)) != 0u);
+            if (VEC) {
+                b_tile4[kn.x * B_ROW4 + kn.y / 4u][kn.y % 4u] = v;
+            } else {
+                b_tile[kn.x * B_ROW + kn.y] = v;
+            }
+        }
+    }
+}
+
 // The (TM x TN) block of A @ B this lane owns, for the workgroup's tile, into `acc`. The next
 // step's elements are loaded into registers while this step multiplies, and stored after it; the
-// loads are branch-free (a lane outside the operand reads element 0) and masked at the store,
-// so they are in flight during the multiply.
+// loads are branch-free and masked at the store, so they are in flight during the multiply.
 fn tile_product(wid: vec3<u32>, lid: u32) {
     let batch = wid.z;
     let row0 = wid.y * BM;
@@ -142,40 +335,13 @@ fn tile_product(wid: vec3<u32>, lid: u32) {
     }
     var a_reg: array<f32, TM>;
     var b_reg: array<f32, TN>;
-    var a_next: array<TS, A_LOADS>;
-    var b_next: array<TS, B_LOADS>;
-    var a_ok = 0u; // bit i: a_next[i] lies inside A (and the tile)
-    var b_ok = 0u;
 
     k_range(wid);
     var k0 = k_lo;
     loop {
         // Loads for the step at k0 (the first one, or the next while this one multiplies).
-        a_ok = 0u;
-        for (var i = 0u; i < A_LOADS; i++) {
-            let e = lid + i * WG;
-            let mk = a_at(e);
-            let gm = row0 + mk.x;
-            let gk = k0 + mk.y;
-            let inside = e < BM * BK && gm < p.m && gk < k_hi;
-            let ones = ONES && gm == p.m - 1u;
-            let ok = inside && !ones;
-            a_next[i] = TS(a[select(0u, a_base + gm * p.a_ms + gk * p.a_ks, ok)]);
-            if (ONES) {
-                a_next[i] = select(a_next[i], TS(1.0), ones);
-            }
-            a_ok |= select(0u, 1u << i, inside);
-        }
-        b_ok = 0u;
-        for (var i = 0u; i < B_LOADS; i++) {
-            let e = lid + i * WG;
-            let kn = b_at(e);
-            let gk = k0 + kn.x;
-            let gn = col0 + kn.y;
-            let ok = e < BK * BN && gk < k_hi && gn < p.n;
-            b_next[i] = TS(b[select(0u, b_base + gk * p.b_ks + gn * p.b_ns, ok)]);
-            b_ok |= select(0u, 1u << i, ok);
-        }
+        fetch_a(lid, row0, k0, a_base);
+        fetch_b(lid, col0, k0, b_base);
         if (k0 > k_lo) {
             // Multiply the previous step out of the tiles, then store this one's elements.
             if (VEC) {
@@ -201,30 +367,8 @@ fn tile_product(wid: vec3<u32>, lid: u32) {
         if (k0 >= k_hi) {
             break;
         }
-        for (var i = 0u; i < A_LOADS; i++) {
-            let e = lid + i * WG;
-            if (e < BM * BK) {
-                let mk = a_at(e);
-                let v = select(TS(0.0), a_next[i], (a_ok & (1u << i)) != 0u);
-                if (VEC) {
-                    a_tile4[mk.y * A_ROW4 + mk.x / 4u][mk.x % 4u] = v;
-                } else {
-                    a_tile[mk.y * A_ROW + mk.x] = v;
-                }
-            }
-        }
-        for (var i = 0u; i < B_LOADS; i++) {
-            let e = lid + i * WG;
-            if (e < BK * BN) {
-                let kn = b_at(e);
-                let v = select(TS(0.0), b_next[i], (b_ok & (1u << i)) != 0u);
-                if (VEC) {
-                    b_tile4[kn.x * B_ROW4 + kn.y / 4u][kn.y % 4u] = v;
-                } else {
-                    b_tile[kn.x * B_ROW + kn.y] = v;
-                }
-            }
-        }
+        stage_a(lid);
+        stage_b(lid);
         workgroupBarrier();
         k0 += BK;
     }

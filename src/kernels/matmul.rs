@@ -402,13 +402,70 @@ pub const STEP_TYPES: [Types; 5] = [
     },
 ];
 
+/// An operand as a launcher sees it: element type, offset, batch stride and count, row and
+/// column extents and strides (elements), and the elements its binding holds. A: (M, K) per
+/// batch; B: (K, N).
+pub struct OperandLayout {
+    pub dtype: DType,
+    pub offset: usize,
+    pub batch_stride: usize,
+    pub batch: usize,
+    pub rows: usize,
+    pub row_stride: usize,
+    pub cols: usize,
+    pub col_stride: usize,
+    pub bound_elements: usize,
+}
+
+impl OperandLayout {
+    /// Whether the kernels walk the operand along its cols (A's k, B's n): unless only its rows
+    /// are unit-stride (the rule of `a_at` / `b_at` in matmul.wgsl and of the cooperative-matrix
+    /// kernel's units).
+    pub fn along_cols(&self) -> bool {
+        self.col_stride == 1 || self.row_stride != 1
+    }
+
+    /// Whether the operand can be read in whole vectors along that dim: it is unit-stride,
+    /// every vector starts on a multiple of `align` elements (offset, other and batch strides),
+    /// and every row's last vector, its extent rounded up to `round` elements, lies inside the
+    /// binding.
+    pub fn reads_vectors(&self, align: usize, round: usize) -> bool {
+        let (unit_stride, extent, other_stride, other_extent) = if self.along_cols() {
+            (self.col_stride, self.cols, self.row_stride, self.rows)
+        } else {
+            (self.row_stride, self.rows, self.col_stride, self.cols)
+        };
+        let last_read = self.offset
+            + self.batch.saturating_sub(1) * self.batch_stride
+            + other_extent.saturating_sub(1) * other_stride
+            + extent.next_multiple_of(round);
+        matches!(self.dtype, DType::F16 | DType::F32)
+            && unit_stride == 1
+            && self.offset.is_multiple_of(align)
+            && other_stride.is_multiple_of(align)
+            && (self.batch <= 1 || self.batch_stride.is_multiple_of(align))
+            && last_read <= self.bound_elements
+    }
+}
+
+/// Whether the tiled kernel reads A and B in vectors of 4 (A_V4, B_V4 in matmul.wgsl): on
+/// `vec` tiles, for each operand that `reads_vectors(4, 4)`, and along k only where BK is a
+/// multiple of 4.
+pub fn vector_reads(t: Tile, a: &OperandLayout, b: &OperandLayout) -> (bool, bool) {
+    let k_ok = t.bk.is_multiple_of(4);
+    let a_v4 = t.vec && a.reads_vectors(4, 4) && (k_ok || !a.along_cols());
+    let b_v4 = t.vec && b.reads_vectors(4, 4) && (k_ok || b.along_cols());
+    (a_v4, b_v4)
+}
+
 /// `acc`: add the product into C (gradient accumulation) instead of overwriting it.
-pub fn spec(t: Tile, acc: bool, types: Types) -> Spec {
-    spec_ones(t, acc, types, false)
+/// `vectors`: A and B read in vectors of 4 (`vector_reads`).
+pub fn spec(t: Tile, acc: bool, types: Types, vectors: (bool, bool)) -> Spec {
+    spec_ones(t, acc, types, vectors, false)
 }
 
 /// `spec`, with A's last row taken as ones where `ones` (`matmul.wgsl`'s ONES).
-pub fn spec_ones(t: Tile, acc: bool, types: Types, ones: bool) -> Spec {
+pub fn spec_ones(t: Tile, acc: bool, types: Types, vectors: (bool, bool), ones: bool) -> Spec {
     types.spec(
         Spec::new()
             .u32("BM", t.bm)
@@ -417,6 +474,8 @@ pub fn spec_ones(t: Tile, acc: bool, types: Types, ones: bool) -> Spec {
             .u32("TM", t.tm)
             .u32("TN", t.tn)
             .bool("VEC", t.vec)
+            .bool("A_V4", vectors.0)
+            .bool("B_V4", vectors.1)
             .bool("ACC", acc)
             .bool("ONES", ones),
     )
@@ -447,12 +506,20 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     }
     for ty in types {
         for t in TILES {
-            for acc in [false, true] {
-                v.push((&MATMUL, spec(t, acc, ty)));
-                v.push((&MATMUL_BIAS, spec(t, acc, ty)));
-                v.push((&MATMUL_BIAS_GELU, spec(t, acc, ty)));
-                if !acc && ty.c == DType::F32 {
-                    v.push((&MATMUL_BIAS_RES, spec(t, acc, ty)));
+            // Vector reads of both operands (a step's aligned products) on the vector tiles.
+            let reads: &[(bool, bool)] = if t.vec {
+                &[(false, false), (true, true)]
+            } else {
+                &[(false, false)]
+            };
+            for &vectors in reads {
+                for acc in [false, true] {
+                    v.push((&MATMUL, spec(t, acc, ty, vectors)));
+                    v.push((&MATMUL_BIAS, spec(t, acc, ty, vectors)));
+                    v.push((&MATMUL_BIAS_GELU, spec(t, acc, ty, vectors)));
+                    if !acc && ty.c == DType::F32 {
+                        v.push((&MATMUL_BIAS_RES, spec(t, acc, ty, vectors)));
+                    }
                 }
             }
         }

@@ -8,7 +8,7 @@
 //! which dim and whether a unit is one aligned 16-byte load (the fast path, checked here against
 //! the operand's strides and its buffer) or a gather of 8 elements.
 
-use super::matmul::{MatmulParams, Types, C_A_B_BIAS_OUT, STEP_TYPES};
+use super::matmul::{MatmulParams, OperandLayout, Types, C_A_B_BIAS_OUT, STEP_TYPES};
 use super::{Access, DType, Family, KernelDesc, Spec};
 
 pub static FAMILY: Family = Family {
@@ -325,49 +325,16 @@ pub struct OperandAccess {
     pub wide: bool,
 }
 
-/// An operand as the launcher sees it: element type, offset, batch stride and count, row and
-/// column extents and strides (elements), and the elements its binding holds.
-pub struct OperandLayout {
-    pub dtype: DType,
-    pub offset: usize,
-    pub batch_stride: usize,
-    pub batch: usize,
-    pub rows: usize,
-    pub row_stride: usize,
-    pub cols: usize,
-    pub col_stride: usize,
-    pub bound_elements: usize,
-}
-
 impl OperandLayout {
     /// Units run along the unit-stride dim (cols unless only rows are unit-stride); a unit is
     /// two vector loads when that dim is unit-stride, every unit starts on a vector of 4
     /// (offset, row and batch strides multiples of 4), and the last unit, rounded up to 8
     /// elements, still lies inside the binding.
     pub fn access(&self) -> OperandAccess {
-        let along_cols = self.col_stride == 1 || self.row_stride != 1;
-        let (unit_stride, extent, other_stride, other_extent) = if along_cols {
-            (self.col_stride, self.cols, self.row_stride, self.rows)
-        } else {
-            (self.row_stride, self.rows, self.col_stride, self.cols)
-        };
-        // The kernel reads vectors of 4 elements (f16 or f32), or 8 halves as one mat2x4<f16>.
-        let last_read = self.offset
-            + self.batch.saturating_sub(1) * self.batch_stride
-            + other_extent.saturating_sub(1) * other_stride
-            + extent.next_multiple_of(8);
-        let aligned_to = |q: usize| {
-            self.offset.is_multiple_of(q)
-                && other_stride.is_multiple_of(q)
-                && (self.batch <= 1 || self.batch_stride.is_multiple_of(q))
-        };
-        let vec = matches!(self.dtype, DType::F16 | DType::F32)
-            && unit_stride == 1
-            && aligned_to(4)
-            && last_read <= self.bound_elements;
-        let wide = vec && self.dtype == DType::F16 && aligned_to(8);
+        let vec = self.reads_vectors(4, 8);
+        let wide = vec && self.dtype == DType::F16 && self.reads_vectors(8, 8);
         OperandAccess {
-            along_cols,
+            along_cols: self.along_cols(),
             vec,
             wide,
         }

@@ -529,21 +529,23 @@ impl Tensor {
                 false,
             ),
         };
+        let layout = |t: &Tensor, rows, cols, bs| matmul::OperandLayout {
+            dtype: t.dtype(),
+            offset: t.layout().offset,
+            batch_stride: bs,
+            batch,
+            rows,
+            row_stride: t.strides()[t.rank() - 2],
+            cols,
+            col_stride: t.strides()[t.rank() - 1],
+            bound_elements: t.storage().bound_bytes() as usize / t.dtype().size(),
+        };
+        // A's rows as stored (with column sums the kernels take one more, of ones).
+        let (a_layout, b_layout) = (layout(&a, m, k, a_bs), layout(&b, k, n, b_bs));
         let (kernels, spec) = match choice {
             Choice::Coop(coop, tile) => {
-                let layout = |t: &Tensor, rows, cols, bs| matmul_coop::OperandLayout {
-                    dtype: t.dtype(),
-                    offset: t.layout().offset,
-                    batch_stride: bs,
-                    batch,
-                    rows,
-                    row_stride: t.strides()[t.rank() - 2],
-                    cols,
-                    col_stride: t.strides()[t.rank() - 1],
-                    bound_elements: t.storage().bound_bytes() as usize / t.dtype().size(),
-                };
-                let a_access = layout(&a, m, k, a_bs).access();
-                let b_access = layout(&b, k, n, b_bs).access();
+                let a_access = a_layout.access();
+                let b_access = b_layout.access();
                 // C written straight from the accumulators: a plain or bias product into f32
                 // with unit column stride and rows on 16-byte boundaries (the partials of a
                 // split are contiguous (S, M, N)).
@@ -587,7 +589,13 @@ impl Tensor {
                     &matmul::MATMUL_SUMS,
                     &matmul::MATMUL_BIAS_RES,
                 ],
-                matmul::spec_ones(tile, kernel_acc, kernel_types, sums.is_some()),
+                matmul::spec_ones(
+                    tile,
+                    kernel_acc,
+                    kernel_types,
+                    matmul::vector_reads(tile, &a_layout, &b_layout),
+                    sums.is_some(),
+                ),
             ),
         };
         let groups = [
