@@ -165,7 +165,17 @@ const FUSED_VS_UNFUSED: f64 = 1e-4;
 #[test]
 fn fused_matches_unfused_reference_forward_and_gradients() -> Result<()> {
     let d = dev();
-    for shape in [[1, 1, 1, 8], [2, 3, 7, 20], [1, 2, 65, 64], [2, 3, 130, 64]] {
+    // Backward at every padded head dim (D 8, 20, 30: 32; 64; 97: 128), D not a multiple of
+    // 4 (30, 97), T past one block of every pass.
+    let shapes = [
+        [1, 1, 1, 8],
+        [2, 3, 7, 20],
+        [1, 2, 65, 64],
+        [2, 3, 130, 64],
+        [1, 2, 130, 30],
+        [1, 2, 70, 97],
+    ];
+    for shape in shapes {
         let [q, k, v] = qkv(&format!("vs_ref{shape:?}"), &shape);
         let w = Arr::rand(&mut rng(&format!("w{shape:?}")), &shape, -1.0, 1.0).upload(d);
         let leaves = |_| [&q, &k, &v].map(|a| a.upload(d).requires_grad());
