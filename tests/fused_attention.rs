@@ -514,17 +514,28 @@ fn tiles_fit_32_kib_of_workgroup_memory() {
             assert!(used <= declared);
             assert!(declared <= 32 << 10, "{pass:?} {t:?}: {declared} bytes");
             assert_eq!(t.lanes(), 128, "{pass:?} {t:?}");
-            // Register blocks: [query][key] (BR x BC) and [query][d] or, for dK and dV,
-            // [key][d] (BC x DMAX) tiles split evenly over the lane grid.
+            // Register blocks: [query][key] (BR x BC) tiles split evenly over the lane grid,
+            // whose subgroups of 32 are 4 x 8 (`score_lane`); [query][d] tiles by vectors of 4
+            // d's over COLL lanes; for dK and dV, [key][d] (BC x DMAX) by runs of 4 keys and
+            // one vector of 4 d's a lane.
             assert_eq!(t.br % t.rowl, 0, "{pass:?} {t:?}: query rows per lane");
             assert_eq!(t.bc % t.coll, 0, "{pass:?} {t:?}: key columns per lane");
-            assert_eq!(
-                dmax % t.coll,
-                0,
-                "{pass:?} {t:?}: head-dim columns per lane"
-            );
+            assert_eq!(t.coll % 8, 0, "{pass:?} {t:?}: subgroups of 4 x 8 lanes");
+            assert_eq!(t.bc % 4, 0, "{pass:?} {t:?}: keys in vectors of 4");
             if pass == Pass::Dkv {
-                assert_eq!(t.bc % t.rowl, 0, "{pass:?} {t:?}: key rows per lane");
+                let runs = t.bc / 4;
+                let lanes_across_d = dmax / 4;
+                assert_eq!(
+                    runs % (t.lanes() / lanes_across_d),
+                    0,
+                    "{pass:?} {t:?}: runs of 4 keys per lane"
+                );
+            } else {
+                assert_eq!(
+                    (dmax / 4) % t.coll,
+                    0,
+                    "{pass:?} {t:?}: vectors of head-dim columns per lane"
+                );
             }
             eprintln!("{pass:?} DMAX={dmax}: {t:?}, {declared} bytes of workgroup memory");
         }

@@ -21,9 +21,29 @@
 //   2 out_b  rw  attn_fwd lse, attn_bwd_dq D,   attn_bwd_dkv dV
 //   3 q, 4 k, 5 v, 6 dout (dO), 7 lse (backward), 8 aux (attn_bwd_dq O, attn_bwd_dkv D)
 //
-// Workgroup mapping: ROWL x COLL = 128 lanes, lane (tr, tc) = (lid / COLL, lid % COLL). A lane
-// owns a register block of each tile it computes: rows tr + i * ROWL, columns tc + j * COLL
-// (interleaved, so the lanes of a subgroup touch consecutive words).
+// Workgroup tiles hold vectors of 4 (`vec4`), so one workgroup load feeds 4 FMAs or more
+// (with scalar tiles, about one load an FMA, the loads bound the kernels):
+//   [row][d] tiles (q, k, v, dO): row r's d = 4 * d4 + e at [r * DP4 + d4][e], DP4 = DMAX/4 + 1
+//     vectors a row; the odd stride puts the same d4 of 8 consecutive rows on 8 different
+//     16-byte bank groups.
+//   [query][key] tiles (S or P, dS): (r, c) at [r * SP4 + c / 4][c % 4], SP4 = BC/4 + 1.
+// Staging zero-pads past T and past D (a D that is not a multiple of 4 fills its last vector
+// with zeros), so any T and any D <= DMAX work; no row past T is written, and in attn_bwd_dkv
+// a query past T gets probability 0.
+//
+// Workgroup mapping: ROWL x COLL = 128 lanes.
+//   S = q k^T, dP = dO v^T (sums over d): lane (tr, tc) (`score_lane`: a subgroup of 32 covers
+//     4 rows x 8 columns) owns queries tr + i * ROWL and keys tc + j * COLL; per 4 d's it loads
+//     one vector of q (dO) per query and of k (v) per key.
+//   O = P v, dQ = dS k (sums over keys): the same lane owns the same queries and the vectors
+//     of d's tc + g * COLL; per 4 keys it loads one vector of P (dS) per query and one of v
+//     (k) per key and vector of d's.
+//   dV = P^T dO, dK = dS^T q (sums over queries): lane (kr, kc) = (lid / D4, lid % D4),
+//     D4 = DMAX / 4, owns the runs of 4 keys 4 * (kr + i * DKV_ROWL) + 0..3 and the vector kc
+//     of d's; per query it loads one vector of P and of dS per run and one of dO and of q.
+//   Accumulators that outlive a block (O, dQ, dK, dV) are module-scope vectors (`acc`,
+//   `acc_dv`).
+// Workgroups:
 //   attn_fwd, attn_bwd_dq: one workgroup per (block of BR queries, b * H + h) = (wid.x
 //     reversed, wid.y), looping over blocks of BC keys up to the diagonal; the last query
 //     blocks have the most keys, so they are numbered first.
@@ -33,16 +53,12 @@
 // lane loads its share of the next block into registers (`fetch_*`) as soon as the current one
 // is in the tiles and stores it (`put_*`) when the tiles are free again, so the loads' latency
 // hides behind a block's arithmetic instead of stalling every block.
-// Workgroup tiles are [row][d] with row stride DP = DMAX + 1 and [query][key] with stride
-// SP = BC + 1: the +1 puts a column of different rows on different banks. Staging zero-pads
-// past T and past D, so any T and any D <= DMAX work; no row past T is written, and in
-// attn_bwd_dkv a query past T gets probability 0.
 //
 // Specialization: KIND (0 fwd, 1 dq, 2 dkv; sizes the workgroup arrays: every entry point is
 // compiled under each variant's constants, and HLSL declares every groupshared array of the
 // file, so the arrays a kind does not use get one element), DMAX (head dim padded: 32, 64 or
-// 128), BR, BC (query and key block), ROWL, COLL (lane grid), ACC_DQ, ACC_DK, ACC_DV (add the
-// gradient into its target instead of overwriting it).
+// 128), BR, BC (query and key block, multiples of 4), ROWL, COLL (lane grid, COLL a multiple
+// of 8), ACC_DQ, ACC_DK, ACC_DV (add the gradient into its target instead of overwriting it).
 
 struct Params {
     heads: u32,
@@ -78,28 +94,51 @@ const KIND_DQ: u32 = 1u;
 const KIND_DKV: u32 = 2u;
 
 const WG: u32 = ROWL * COLL;
-const DP: u32 = DMAX + 1u;
-const SP: u32 = BC + 1u;
+const D4: u32 = DMAX / 4u;     // vectors of 4 along the head dim
+const DP4: u32 = D4 + 1u;      // [row][d] tile row stride, in vectors
+const SP4: u32 = BC / 4u + 1u; // [query][key] tile row stride, in vectors
 // Register blocks per lane; at least 1, since an entry point's locals are validated under the
 // other kinds' constants too.
-const Q_PER_LANE: u32 = max(1u, BR / ROWL);   // query rows of a [query][key] tile
-const K_PER_LANE: u32 = max(1u, BC / COLL);   // key columns of a [query][key] tile
-const KR_PER_LANE: u32 = max(1u, BC / ROWL);  // key rows of dK, dV
-const D_PER_LANE: u32 = max(1u, DMAX / COLL); // head-dim columns of O, dQ, dK, dV
+const Q_PER_LANE: u32 = max(1u, BR / ROWL);  // query rows of a [query][key] tile, O and dQ
+const K_PER_LANE: u32 = max(1u, BC / COLL);  // key columns of a [query][key] tile
+const D4_PER_LANE: u32 = max(1u, D4 / COLL); // vectors of d columns of O, dQ
+// dK and dV: D4 lanes across the head dim (one vector each), DKV_ROWL across runs of 4 keys.
+const DKV_ROWL: u32 = WG / D4;
+const KRUNS_PER_LANE: u32 = max(1u, BC / 4u / DKV_ROWL);
 // The score of a masked pair: finite, so exp(NEG_BIG - m) is 0 and exp(m_old - m_new) is
 // never NaN (every query row has key 0 in its first block, so m is finite after it).
 const NEG_BIG: f32 = -1e30;
 
 const BWD: bool = KIND != KIND_FWD;
-var<workgroup> tile_q: array<f32, BR * DP>;                                    // scale * q
-var<workgroup> tile_k: array<f32, BC * DP>;                                    // k (fwd: then v)
-var<workgroup> tile_do: array<f32, select(1u, BR * DP, BWD)>;                  // dO
-var<workgroup> tile_v: array<f32, select(1u, BC * DP, BWD)>;                   // v
-var<workgroup> tile_s: array<f32, select(1u, BR * SP, KIND != KIND_DQ)>;       // S, then P
-var<workgroup> tile_ds: array<f32, select(1u, BR * SP, BWD)>;                  // dS
-var<workgroup> red: array<f32, select(1u, BR * COLL, !BWD)>;                  // a row's partials
+var<workgroup> tile_q: array<vec4<f32>, BR * DP4>;                              // scale * q
+var<workgroup> tile_k: array<vec4<f32>, BC * DP4>;                              // k (fwd: then v)
+var<workgroup> tile_do: array<vec4<f32>, select(1u, BR * DP4, BWD)>;            // dO
+var<workgroup> tile_v: array<vec4<f32>, select(1u, BC * DP4, BWD)>;             // v
+var<workgroup> tile_s: array<vec4<f32>, select(1u, BR * SP4, KIND != KIND_DQ)>; // S, then P
+var<workgroup> tile_ds: array<vec4<f32>, select(1u, BR * SP4, BWD)>;            // dS
+var<workgroup> red: array<f32, select(1u, BR * COLL, !BWD)>;                    // a row's partials
 var<workgroup> lse_row: array<f32, select(1u, BR, BWD)>;
-var<workgroup> dvec_row: array<f32, select(1u, BR, BWD)>;                      // D
+var<workgroup> dvec_row: array<f32, select(1u, BR, BWD)>;                       // D
+
+// The accumulators a lane keeps across blocks, vectors of 4 d's: O or dQ (row i's vector g at
+// acc[i * D4_PER_LANE + g]), or dK (key 4 * (kr + i * DKV_ROWL) + e at acc[4 * i + e]) with dV
+// in acc_dv. Module-scope, as in wgsl/matmul.wgsl (where an accumulator array returned by value
+// went to local memory on NVIDIA); not checked with `shader_stats` for this kernel.
+const ACC4: u32 = max(Q_PER_LANE * D4_PER_LANE, 4u * KRUNS_PER_LANE);
+var<private> acc: array<vec4<f32>, ACC4>;
+var<private> acc_dv: array<vec4<f32>, 4u * KRUNS_PER_LANE>;
+
+// c + a . b, summed along d in order (the same rounding as the scalar loop it replaced).
+fn dot_add(a: vec4<f32>, b: vec4<f32>, c: f32) -> f32 {
+    return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, c))));
+}
+
+// Lane lid's place (tr, tc) in the ROWL x COLL grid of [query][key] blocks, such that a
+// subgroup of 32 lanes covers 4 rows x 8 columns: a step of S = q k^T loads 4 rows of q and
+// 8 of k (128 bytes on 8 bank groups) per vector load, not 2 and 16.
+fn score_lane(lid: u32) -> vec2<u32> {
+    return vec2<u32>((lid / 8u) % ROWL, lid % 8u + 8u * (lid / (8u * ROWL)));
+}
 
 // Element (t, d) of head `bh` of a (B, H, T, D) view.
 fn at(view: vec4<u32>, bh: u32, t: u32, d: u32) -> u32 {
@@ -127,7 +166,8 @@ var<private> nl: f32;
 var<private> nd: f32;
 
 // Element j of this lane's share of the block from row row0: its offset in `view` from the
-// head at `base` (0 outside the view, with ok false) and its place in a [row][d] tile.
+// head at `base` (0 outside the view, with ok false) and its place in a [row][d] tile (vector
+// tile / 4, component tile % 4).
 struct Elem {
     i: u32,
     tile: u32,
@@ -141,9 +181,8 @@ fn elem(view: vec4<u32>, base: u32, row0: u32, lid: u32, j: u32) -> Elem {
     let d = e % DMAX;
     let inside = e < NEXT * DMAX;
     let ok = inside && row0 + r < p.t && d < p.d;
-    return Elem(select(0u, base + (row0 + r) * view.w + d, ok), r * DP + d, ok, inside);
+    return Elem(select(0u, base + (row0 + r) * view.w + d, ok), r * DP4 * 4u + d, ok, inside);
 }
-
 // (One function per source: each entry point binds only what it reads.)
 fn fetch_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
@@ -189,7 +228,7 @@ fn put_k(view: vec4<u32>, bh: u32, row0: u32, lid: u32) {
     for (var j = 0u; j < NPL; j++) {
         let a = elem(view, base, row0, lid, j);
         if (a.inside) {
-            tile_k[a.tile] = select(0.0, nx0[j], a.ok);
+            tile_k[a.tile / 4u][a.tile % 4u] = select(0.0, nx0[j], a.ok);
         }
     }
 }
@@ -199,7 +238,7 @@ fn put_v_in_k(view: vec4<u32>, bh: u32, row0: u32, lid: u32) {
     for (var j = 0u; j < NPL; j++) {
         let a = elem(view, base, row0, lid, j);
         if (a.inside) {
-            tile_k[a.tile] = select(0.0, nx1[j], a.ok);
+            tile_k[a.tile / 4u][a.tile % 4u] = select(0.0, nx1[j], a.ok);
         }
     }
 }
@@ -209,7 +248,7 @@ fn put_v(view: vec4<u32>, bh: u32, row0: u32, lid: u32) {
     for (var j = 0u; j < NPL; j++) {
         let a = elem(view, base, row0, lid, j);
         if (a.inside) {
-            tile_v[a.tile] = select(0.0, nx1[j], a.ok);
+            tile_v[a.tile / 4u][a.tile % 4u] = select(0.0, nx1[j], a.ok);
         }
     }
 }
@@ -219,8 +258,8 @@ fn put_queries(bh: u32, row0: u32, lid: u32) {
     for (var j = 0u; j < NPL; j++) {
         let a = elem(p.q, base, row0, lid, j);
         if (a.inside) {
-            tile_q[a.tile] = select(0.0, nx0[j], a.ok);
-            tile_do[a.tile] = select(0.0, nx1[j], a.ok);
+            tile_q[a.tile / 4u][a.tile % 4u] = select(0.0, nx0[j], a.ok);
+            tile_do[a.tile / 4u][a.tile % 4u] = select(0.0, nx1[j], a.ok);
         }
     }
     if (lid < BR) {
@@ -237,8 +276,9 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             @builtin(local_invocation_index) lid: u32) {
     let bh = wid.y;
     let q0 = (nwg.x - 1u - wid.x) * BR;
-    let tr = lid / COLL;
-    let tc = lid % COLL;
+    let lane = score_lane(lid);
+    let tr = lane.x;
+    let tc = lane.y;
 
     // The first block of keys and values in flight while the queries are staged.
     fetch_k(bh, 0u, lid);
@@ -250,19 +290,18 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         // lane reads element 0 and selects zero.
         let ok = q0 + r < p.t && d < p.d;
         let x = q[select(0u, at(p.q, bh, q0 + r, d), ok)] * p.scale;
-        tile_q[r * DP + d] = select(0.0, x, ok);
+        tile_q[r * DP4 + d / 4u][d % 4u] = select(0.0, x, ok);
     }
     // The running max of each of this lane's rows (the same in every lane of the row) and the
-    // sum of exp(s - m) over this lane's columns of it.
+    // sum of exp(s - m) over this lane's columns of it; O, unnormalized, in `acc`.
     var m: array<f32, Q_PER_LANE>;
     var l: array<f32, Q_PER_LANE>;
-    var acc: array<f32, Q_PER_LANE * D_PER_LANE>; // O, unnormalized
     for (var i = 0u; i < Q_PER_LANE; i++) {
         m[i] = NEG_BIG;
         l[i] = 0.0;
     }
-    for (var i = 0u; i < Q_PER_LANE * D_PER_LANE; i++) {
-        acc[i] = 0.0;
+    for (var i = 0u; i < ACC4; i++) {
+        acc[i] = vec4<f32>(0.0);
     }
 
     let keys = min(q0 + BR, p.t); // the causal mask ends at the block's last query
@@ -278,18 +317,18 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
         for (var i = 0u; i < Q_PER_LANE * K_PER_LANE; i++) {
             s[i] = 0.0;
         }
-        for (var d = 0u; d < DMAX; d++) {
-            var qr: array<f32, Q_PER_LANE>;
-            var kc: array<f32, K_PER_LANE>;
+        for (var d4 = 0u; d4 < D4; d4++) {
+            var qr: array<vec4<f32>, Q_PER_LANE>;
+            var kc: array<vec4<f32>, K_PER_LANE>;
             for (var i = 0u; i < Q_PER_LANE; i++) {
-                qr[i] = tile_q[(tr + i * ROWL) * DP + d];
+                qr[i] = tile_q[(tr + i * ROWL) * DP4 + d4];
             }
             for (var j = 0u; j < K_PER_LANE; j++) {
-                kc[j] = tile_k[(tc + j * COLL) * DP + d];
+                kc[j] = tile_k[(tc + j * COLL) * DP4 + d4];
             }
             for (var i = 0u; i < Q_PER_LANE; i++) {
                 for (var j = 0u; j < K_PER_LANE; j++) {
-                    s[i * K_PER_LANE + j] = fma(qr[i], kc[j], s[i * K_PER_LANE + j]);
+                    s[i * K_PER_LANE + j] = dot_add(qr[i], kc[j], s[i * K_PER_LANE + j]);
                 }
             }
         }
@@ -316,14 +355,15 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             let alpha = exp(m[i] - m_new);
             var sum = 0.0;
             for (var j = 0u; j < K_PER_LANE; j++) {
+                let c = tc + j * COLL;
                 let pc = exp(s[i * K_PER_LANE + j] - m_new);
-                tile_s[r * SP + tc + j * COLL] = pc;
+                tile_s[r * SP4 + c / 4u][c % 4u] = pc;
                 sum += pc;
             }
             l[i] = l[i] * alpha + sum;
             m[i] = m_new;
-            for (var j = 0u; j < D_PER_LANE; j++) {
-                acc[i * D_PER_LANE + j] *= alpha;
+            for (var g = 0u; g < D4_PER_LANE; g++) {
+                acc[i * D4_PER_LANE + g] *= alpha;
             }
         }
         put_v_in_k(p.v, bh, k0, lid);
@@ -332,22 +372,8 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             fetch_v(bh, k0 + BC, lid);
         }
 
-        // O += P v.
-        for (var c = 0u; c < BC; c++) {
-            var pr: array<f32, Q_PER_LANE>;
-            var vc: array<f32, D_PER_LANE>;
-            for (var i = 0u; i < Q_PER_LANE; i++) {
-                pr[i] = tile_s[(tr + i * ROWL) * SP + c];
-            }
-            for (var j = 0u; j < D_PER_LANE; j++) {
-                vc[j] = tile_k[c * DP + tc + j * COLL];
-            }
-            for (var i = 0u; i < Q_PER_LANE; i++) {
-                for (var j = 0u; j < D_PER_LANE; j++) {
-                    acc[i * D_PER_LANE + j] = fma(pr[i], vc[j], acc[i * D_PER_LANE + j]);
-                }
-            }
-        }
+        // O += P v (tile_k holds v).
+        rows_times_keys(tr, tc);
         workgroupBarrier(); // tile_k, tile_s and red are written again next block
     }
 
@@ -364,14 +390,46 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
             l_row += red[r * COLL + c];
         }
         let inv_l = 1.0 / l_row;
-        for (var j = 0u; j < D_PER_LANE; j++) {
-            let d = tc + j * COLL;
-            if (d < p.d) {
-                out_a[at(p.o, bh, q0 + r, d)] = acc[i * D_PER_LANE + j] * inv_l;
+        for (var g = 0u; g < D4_PER_LANE; g++) {
+            for (var e = 0u; e < 4u; e++) {
+                let d = 4u * (tc + g * COLL) + e;
+                if (d < p.d) {
+                    out_a[at(p.o, bh, q0 + r, d)] = acc[i * D4_PER_LANE + g][e] * inv_l;
+                }
             }
         }
         if (tc == 0u) {
             out_b[bh * p.t + q0 + r] = m[i] + log(l_row);
+        }
+    }
+}
+
+// acc += X Y over this block's keys: X the [query][key] tile (tile_s: P, forward; tile_ds: dS,
+// dQ), Y the [key][d] tile_k (forward: v; dQ: k). Per 4 keys a lane loads one vector of X per
+// row and one of Y per key and vector of d: Q_PER_LANE + 4 * D4_PER_LANE loads for
+// 16 * Q_PER_LANE * D4_PER_LANE FMAs.
+fn rows_times_keys(tr: u32, tc: u32) {
+    for (var c4 = 0u; c4 < BC / 4u; c4++) {
+        var xr: array<vec4<f32>, Q_PER_LANE>;
+        for (var i = 0u; i < Q_PER_LANE; i++) {
+            let at_x = (tr + i * ROWL) * SP4 + c4;
+            if (KIND == KIND_DQ) {
+                xr[i] = tile_ds[at_x];
+            } else {
+                xr[i] = tile_s[at_x];
+            }
+        }
+        for (var e = 0u; e < 4u; e++) {
+            var yc: array<vec4<f32>, D4_PER_LANE>;
+            for (var g = 0u; g < D4_PER_LANE; g++) {
+                yc[g] = tile_k[(4u * c4 + e) * DP4 + tc + g * COLL];
+            }
+            for (var i = 0u; i < Q_PER_LANE; i++) {
+                for (var g = 0u; g < D4_PER_LANE; g++) {
+                    let o = i * D4_PER_LANE + g;
+                    acc[o] = fma(vec4<f32>(xr[i][e]), yc[g], acc[o]);
+                }
+            }
         }
     }
 }
@@ -382,7 +440,8 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 
 // P and dS of this lane's block of (query block q0, key block k0), into tile_ds and (for
 // attn_bwd_dkv, which needs P too) tile_s. Needs tile_q, tile_do, tile_k, tile_v, lse_row and
-// dvec_row staged.
+// dvec_row staged. A step of 4 d's loads 2 * (Q_PER_LANE + K_PER_LANE) vectors for
+// 8 * Q_PER_LANE * K_PER_LANE FMAs.
 fn probabilities(q0: u32, k0: u32, tr: u32, tc: u32) {
     var s: array<f32, Q_PER_LANE * K_PER_LANE>;
     var dp: array<f32, Q_PER_LANE * K_PER_LANE>;
@@ -390,23 +449,23 @@ fn probabilities(q0: u32, k0: u32, tr: u32, tc: u32) {
         s[i] = 0.0;
         dp[i] = 0.0;
     }
-    for (var d = 0u; d < DMAX; d++) {
-        var qr: array<f32, Q_PER_LANE>;
-        var dor: array<f32, Q_PER_LANE>;
-        var kc: array<f32, K_PER_LANE>;
-        var vc: array<f32, K_PER_LANE>;
+    for (var d4 = 0u; d4 < D4; d4++) {
+        var qr: array<vec4<f32>, Q_PER_LANE>;
+        var dor: array<vec4<f32>, Q_PER_LANE>;
+        var kc: array<vec4<f32>, K_PER_LANE>;
+        var vc: array<vec4<f32>, K_PER_LANE>;
         for (var i = 0u; i < Q_PER_LANE; i++) {
-            qr[i] = tile_q[(tr + i * ROWL) * DP + d];
-            dor[i] = tile_do[(tr + i * ROWL) * DP + d];
+            qr[i] = tile_q[(tr + i * ROWL) * DP4 + d4];
+            dor[i] = tile_do[(tr + i * ROWL) * DP4 + d4];
         }
         for (var j = 0u; j < K_PER_LANE; j++) {
-            kc[j] = tile_k[(tc + j * COLL) * DP + d];
-            vc[j] = tile_v[(tc + j * COLL) * DP + d];
+            kc[j] = tile_k[(tc + j * COLL) * DP4 + d4];
+            vc[j] = tile_v[(tc + j * COLL) * DP4 + d4];
         }
         for (var i = 0u; i < Q_PER_LANE; i++) {
             for (var j = 0u; j < K_PER_LANE; j++) {
-                s[i * K_PER_LANE + j] = fma(qr[i], kc[j], s[i * K_PER_LANE + j]);
-                dp[i * K_PER_LANE + j] = fma(dor[i], vc[j], dp[i * K_PER_LANE + j]);
+                s[i * K_PER_LANE + j] = dot_add(qr[i], kc[j], s[i * K_PER_LANE + j]);
+                dp[i * K_PER_LANE + j] = dot_add(dor[i], vc[j], dp[i * K_PER_LANE + j]);
             }
         }
     }
@@ -417,9 +476,9 @@ fn probabilities(q0: u32, k0: u32, tr: u32, tc: u32) {
             let valid = k0 + c <= q0 + r && q0 + r < p.t;
             let pij = select(0.0, exp(s[i * K_PER_LANE + j] - lse_row[r]), valid);
             if (KIND == KIND_DKV) {
-                tile_s[r * SP + c] = pij;
+                tile_s[r * SP4 + c / 4u][c % 4u] = pij;
             }
-            tile_ds[r * SP + c] = pij * (dp[i * K_PER_LANE + j] - dvec_row[r]);
+            tile_ds[r * SP4 + c / 4u][c % 4u] = pij * (dp[i * K_PER_LANE + j] - dvec_row[r]);
         }
     }
 }
@@ -432,8 +491,8 @@ fn stage_queries(bh: u32, q0: u32, lid: u32) {
         let ok = q0 + r < p.t && d < p.d;
         let x = q[select(0u, at(p.q, bh, q0 + r, d), ok)] * p.scale;
         let g = dout[select(0u, at(p.dout, bh, q0 + r, d), ok)];
-        tile_q[r * DP + d] = select(0.0, x, ok);
-        tile_do[r * DP + d] = select(0.0, g, ok);
+        tile_q[r * DP4 + d / 4u][d % 4u] = select(0.0, x, ok);
+        tile_do[r * DP4 + d / 4u][d % 4u] = select(0.0, g, ok);
     }
 }
 
@@ -445,8 +504,8 @@ fn stage_keys(bh: u32, k0: u32, lid: u32) {
         let ok = k0 + c < p.t && d < p.d;
         let x = k[select(0u, at(p.k, bh, k0 + c, d), ok)];
         let y = v[select(0u, at(p.v, bh, k0 + c, d), ok)];
-        tile_k[c * DP + d] = select(0.0, x, ok);
-        tile_v[c * DP + d] = select(0.0, y, ok);
+        tile_k[c * DP4 + d / 4u][d % 4u] = select(0.0, x, ok);
+        tile_v[c * DP4 + d / 4u][d % 4u] = select(0.0, y, ok);
     }
 }
 
@@ -455,14 +514,16 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                @builtin(local_invocation_index) lid: u32) {
     let bh = wid.y;
     let q0 = (nwg.x - 1u - wid.x) * BR;
-    let tr = lid / COLL;
-    let tc = lid % COLL;
+    let lane = score_lane(lid);
+    let tr = lane.x;
+    let tc = lane.y;
 
     // The first block of keys and values in flight while the queries are staged.
     fetch_k(bh, 0u, lid);
     fetch_v(bh, 0u, lid);
     stage_queries(bh, q0, lid);
-    // D = rowsum(dO * O): each lane sums its columns of its rows, partials meet in tile_ds.
+    // D = rowsum(dO * O): each lane sums its columns of its rows, partials meet in tile_ds
+    // (row r's COLL partials at words 0.. of its row: COLL <= BC + 4).
     for (var i = 0u; i < Q_PER_LANE; i++) {
         let r = tr + i * ROWL;
         var part = 0.0;
@@ -471,13 +532,13 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 part = fma(dout[at(p.dout, bh, q0 + r, d)], aux[at(p.o, bh, q0 + r, d)], part);
             }
         }
-        tile_ds[r * SP + tc] = part;
+        tile_ds[r * SP4 + tc / 4u][tc % 4u] = part;
     }
     workgroupBarrier();
     if (lid < BR) {
         var dsum = 0.0;
         for (var c = 0u; c < COLL; c++) {
-            dsum += tile_ds[lid * SP + c];
+            dsum += tile_ds[lid * SP4 + c / 4u][c % 4u];
         }
         dvec_row[lid] = dsum;
         var l = 0.0;
@@ -488,9 +549,8 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         lse_row[lid] = l;
     }
 
-    var acc: array<f32, Q_PER_LANE * D_PER_LANE>; // dQ / scale
-    for (var i = 0u; i < Q_PER_LANE * D_PER_LANE; i++) {
-        acc[i] = 0.0;
+    for (var i = 0u; i < ACC4; i++) {
+        acc[i] = vec4<f32>(0.0); // dQ / scale
     }
     let keys = min(q0 + BR, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
@@ -504,36 +564,23 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         probabilities(q0, k0, tr, tc);
         workgroupBarrier();
-        // dQ += dS k
-        for (var c = 0u; c < BC; c++) {
-            var dsr: array<f32, Q_PER_LANE>;
-            var kc: array<f32, D_PER_LANE>;
-            for (var i = 0u; i < Q_PER_LANE; i++) {
-                dsr[i] = tile_ds[(tr + i * ROWL) * SP + c];
-            }
-            for (var j = 0u; j < D_PER_LANE; j++) {
-                kc[j] = tile_k[c * DP + tc + j * COLL];
-            }
-            for (var i = 0u; i < Q_PER_LANE; i++) {
-                for (var j = 0u; j < D_PER_LANE; j++) {
-                    acc[i * D_PER_LANE + j] = fma(dsr[i], kc[j], acc[i * D_PER_LANE + j]);
-                }
-            }
-        }
+        rows_times_keys(tr, tc); // dQ += dS k
     }
 
     for (var i = 0u; i < Q_PER_LANE; i++) {
         let r = tr + i * ROWL;
         if (q0 + r >= p.t) { continue; }
-        for (var j = 0u; j < D_PER_LANE; j++) {
-            let d = tc + j * COLL;
-            if (d < p.d) {
-                let o = at(p.dq, bh, q0 + r, d);
-                let g = acc[i * D_PER_LANE + j] * p.scale;
-                if (ACC_DQ) {
-                    out_a[o] = out_a[o] + g;
-                } else {
-                    out_a[o] = g;
+        for (var g = 0u; g < D4_PER_LANE; g++) {
+            for (var e = 0u; e < 4u; e++) {
+                let d = 4u * (tc + g * COLL) + e;
+                if (d < p.d) {
+                    let o = at(p.dq, bh, q0 + r, d);
+                    let grad = acc[i * D4_PER_LANE + g][e] * p.scale;
+                    if (ACC_DQ) {
+                        out_a[o] = out_a[o] + grad;
+                    } else {
+                        out_a[o] = grad;
+                    }
                 }
             }
         }
@@ -545,8 +592,12 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
     let bh = wid.y;
     let k0 = wid.x * BC;
-    let tr = lid / COLL;
-    let tc = lid % COLL;
+    let lane = score_lane(lid);
+    let tr = lane.x;
+    let tc = lane.y;
+    // This lane's runs of 4 keys of dK, dV (kr + i * DKV_ROWL) and its vector of d's (kc).
+    let kr = lid / D4;
+    let kc = lid % D4;
 
     // The first block of queries (scale * q, dO, lse, D) in flight while the keys are staged.
     // Queries before k0 see none of these keys.
@@ -555,11 +606,9 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     fetch_do(bh, first, lid);
     fetch_ld(bh, first, lid);
     stage_keys(bh, k0, lid);
-    var dk: array<f32, KR_PER_LANE * D_PER_LANE>;
-    var dv: array<f32, KR_PER_LANE * D_PER_LANE>;
-    for (var i = 0u; i < KR_PER_LANE * D_PER_LANE; i++) {
-        dk[i] = 0.0;
-        dv[i] = 0.0;
+    for (var i = 0u; i < 4u * KRUNS_PER_LANE; i++) {
+        acc[i] = vec4<f32>(0.0); // dK
+        acc_dv[i] = vec4<f32>(0.0);
     }
     for (var q0 = first; q0 < p.t; q0 += BR) {
         put_queries(bh, q0, lid); // the tiles are free: the previous block is done with them
@@ -571,47 +620,48 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         }
         probabilities(q0, k0, tr, tc);
         workgroupBarrier();
-        // dV += P^T dO, dK += dS^T (scale q), over this block's queries.
+        // dV += P^T dO, dK += dS^T (scale q), over this block's queries: per query a lane
+        // loads P and dS of its keys (a vector per run) and a vector of dO and of q, for
+        // 32 * KRUNS_PER_LANE FMAs.
         for (var r = 0u; r < BR; r++) {
-            var pc: array<f32, KR_PER_LANE>;
-            var dsc: array<f32, KR_PER_LANE>;
-            var dor: array<f32, D_PER_LANE>;
-            var qr: array<f32, D_PER_LANE>;
-            for (var i = 0u; i < KR_PER_LANE; i++) {
-                pc[i] = tile_s[r * SP + tr + i * ROWL];
-                dsc[i] = tile_ds[r * SP + tr + i * ROWL];
+            var pc: array<vec4<f32>, KRUNS_PER_LANE>;
+            var dsc: array<vec4<f32>, KRUNS_PER_LANE>;
+            for (var i = 0u; i < KRUNS_PER_LANE; i++) {
+                pc[i] = tile_s[r * SP4 + kr + i * DKV_ROWL];
+                dsc[i] = tile_ds[r * SP4 + kr + i * DKV_ROWL];
             }
-            for (var j = 0u; j < D_PER_LANE; j++) {
-                dor[j] = tile_do[r * DP + tc + j * COLL];
-                qr[j] = tile_q[r * DP + tc + j * COLL];
-            }
-            for (var i = 0u; i < KR_PER_LANE; i++) {
-                for (var j = 0u; j < D_PER_LANE; j++) {
-                    dv[i * D_PER_LANE + j] = fma(pc[i], dor[j], dv[i * D_PER_LANE + j]);
-                    dk[i * D_PER_LANE + j] = fma(dsc[i], qr[j], dk[i * D_PER_LANE + j]);
+            let dor = tile_do[r * DP4 + kc];
+            let qr = tile_q[r * DP4 + kc];
+            for (var i = 0u; i < KRUNS_PER_LANE; i++) {
+                for (var e = 0u; e < 4u; e++) {
+                    let o = 4u * i + e;
+                    acc_dv[o] = fma(vec4<f32>(pc[i][e]), dor, acc_dv[o]);
+                    acc[o] = fma(vec4<f32>(dsc[i][e]), qr, acc[o]);
                 }
             }
         }
         workgroupBarrier(); // the query tiles are staged again next block
     }
 
-    for (var i = 0u; i < KR_PER_LANE; i++) {
-        let c = tr + i * ROWL;
-        if (k0 + c >= p.t) { continue; }
-        for (var j = 0u; j < D_PER_LANE; j++) {
-            let d = tc + j * COLL;
-            if (d < p.d) {
-                let ok = at(p.dk, bh, k0 + c, d);
-                let ov = at(p.dv, bh, k0 + c, d);
-                if (ACC_DK) {
-                    out_a[ok] = out_a[ok] + dk[i * D_PER_LANE + j];
-                } else {
-                    out_a[ok] = dk[i * D_PER_LANE + j];
-                }
-                if (ACC_DV) {
-                    out_b[ov] = out_b[ov] + dv[i * D_PER_LANE + j];
-                } else {
-                    out_b[ov] = dv[i * D_PER_LANE + j];
+    for (var i = 0u; i < KRUNS_PER_LANE; i++) {
+        for (var e = 0u; e < 4u; e++) {
+            let c = 4u * (kr + i * DKV_ROWL) + e;
+            if (k0 + c >= p.t) { continue; }
+            for (var f = 0u; f < 4u; f++) {
+                let d = 4u * kc + f;
+                if (d < p.d) {
+                    let ok = at(p.dk, bh, k0 + c, d);
+                    let ov = at(p.dv, bh, k0 + c, d);
+                    if (ACC_DK) {
+                        out_a[ok] = out_a[ok] + acc[4u * i + e][f];
+                    } else {
+                        out_a[ok] = acc[4u * i + e][f];
+                    }
+                    if (ACC_DV) {
+                        out_b[ov] = out_b[ov] + acc_dv[4u * i + e][f];
+                    } else {
+                        out_b[ov] = acc_dv[4u * i + e][f];
+                    }
                 }
             }
         }

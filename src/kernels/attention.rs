@@ -135,8 +135,10 @@ pub struct Tile {
 ///   forward: q (BR rows) and one k-or-v tile (BC rows) staged, plus S (BR x BC) and the
 ///   rows' partial maxima and sums (BR x COLL);
 ///   dQ: q, dO (BR rows), k, v (BC rows), dS; dK/dV: the same plus P.
-/// Forward and dQ lanes are 16 x 8 (rows are queries); dK/dV lanes 8 x 16, so that its
-/// [query][key] block (BR x BC) and its [key][d] accumulators (BC x DMAX) both divide.
+/// Forward and dQ lanes are 16 x 8 (rows are queries), each with DMAX / 4 / COLL vectors of
+/// 4 d's of its rows of O or dQ. dK/dV lanes are 8 x 16 for the [query][key] block, and
+/// (BC / 4) x (DMAX / 4) for the [key][d] accumulators: a run of 4 keys by a vector of 4 d's
+/// each, so BC * DMAX = 2048 (BC 64 at DMAX 32).
 pub fn tile(pass: Pass, dmax: u32) -> Tile {
     let (br, bc, rowl, coll) = match (pass, dmax) {
         (Pass::Forward, 128) => (32, 16, 16, 8),
@@ -146,7 +148,7 @@ pub fn tile(pass: Pass, dmax: u32) -> Tile {
         (Pass::Dq, _) => (32, 32, 16, 8),
         (Pass::Dkv, 128) => (8, 16, 8, 16),
         (Pass::Dkv, 64) => (16, 32, 8, 16),
-        (Pass::Dkv, _) => (32, 32, 8, 16),
+        (Pass::Dkv, _) => (16, 64, 8, 16),
     };
     Tile {
         dmax,
@@ -163,22 +165,23 @@ impl Tile {
     }
 
     /// Bytes of workgroup memory `pass` declares with this tile (mirrors the `var<workgroup>`
-    /// arrays of attention.wgsl: the ones a pass does not use have one element).
+    /// arrays of attention.wgsl: the ones a pass does not use have one element). The tiles are
+    /// vectors of 4 f32, rows padded by one vector.
     pub fn workgroup_bytes(&self, pass: Pass) -> u32 {
-        let dp = self.dmax + 1;
-        let sp = self.bc + 1;
-        let (rows_q, rows_k, s) = (self.br * dp, self.bc * dp, self.br * sp);
+        let dp4 = self.dmax / 4 + 1;
+        let sp4 = self.bc / 4 + 1;
+        let (rows_q, rows_k, s) = (self.br * dp4, self.bc * dp4, self.br * sp4);
         let one = |used: bool, n: u32| if used { n } else { 1 };
         let bwd = pass != Pass::Forward;
-        let floats = rows_q // tile_q
+        let vectors = rows_q // tile_q
             + rows_k // tile_k
             + one(bwd, rows_q) // tile_do
             + one(bwd, rows_k) // tile_v
             + one(pass != Pass::Dq, s) // tile_s
-            + one(bwd, s) // tile_ds
-            + one(!bwd, self.br * self.coll) // red
+            + one(bwd, s); // tile_ds
+        let floats = one(!bwd, self.br * self.coll) // red
             + 2 * one(bwd, self.br); // lse_row, dvec_row
-        4 * floats
+        16 * vectors + 4 * floats
     }
 }
 
