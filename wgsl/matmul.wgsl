@@ -13,11 +13,10 @@
 // so a step of K reads a lane's TM + TN operands in (TM + TN) / 4 workgroup loads, not TM + TN
 // (64x64x16/4x4 at 4096^3 on an H100: 24.4 TFLOP/s interleaved, 26.4 in runs, 2026-11-25).
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
-// Epilogues (entry points, `epilogue`): matmul (C (+)= A B), matmul_bias (+ bias per column),
+// Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
 // matmul_bias_gelu (also saves the pre-activation), matmul_bias_res (+ bias + a residual read
 // through `pre`), matmul_sums (with ONES: the column sums of B too, below). Specialization: BM,
-// BN, BK, TM, TN, VEC, A_V4, B_V4 (operands read as vectors, below), ACC, ONES; snippet EACH_ACC
-// (`put4_plain` and the other epilogues, below).
+// BN, BK, TM, TN, VEC, A_V4, B_V4 (operands read as vectors, below), ACC, ONES.
 //
 // ONES: A's last row (m = M - 1) is not read but taken as ones, so C's last row is the column
 // sums of B (a linear's bias gradient beside its weight gradient, dW = x^T dz: the sums of dz
@@ -151,10 +150,13 @@ fn b_vec_at(e: u32) -> vec2<u32> {
 // The lane's TM x TN accumulators, element e = i * TN + j at acc[e / 4][e % 4] (with VEC, row
 // i's run g of 4 columns is acc[i * TN / 4 + g]). A private variable, not a returned array: an
 // 8 x 8 block returned by value went to local memory (256 bytes a lane), as a private variable
-// it stays in registers (H100, 2026-11-25; `examples/shader_stats`). The epilogues read it
-// through `each_acc_*`, with constant indices.
+// it stays in registers (H100, 2026-11-25; `examples/shader_stats`).
 const ACC4: u32 = (TM * TN + 3u) / 4u;
 var<private> acc: array<vec4<f32>, ACC4>;
+
+fn acc_at(e: u32) -> f32 {
+    return acc[e / 4u][e % 4u];
+}
 
 // The next step's share of this lane, in registers while the current step multiplies: elements
 // (or, with A_V4 / B_V4, vectors) and which of them lie inside the operand: bit i (4 bits a
@@ -417,111 +419,71 @@ fn store_c(o: u32, v: f32) {
     }
 }
 
-// Block element e = 4 * o + q of this lane (accumulator vector o, element q): its row and
-// column in C, and whether it lies inside C (z: 1).
-fn element_at(wid: vec3<u32>, lid: u32, o: u32, q: u32) -> vec3<u32> {
-    let e = 4u * o + q;
-    let gm = lane_row(wid, lid, e / TN);
-    let gn = lane_col(wid, lid, e % TN);
-    return vec3<u32>(gm, gn, u32(e < TM * TN && gm < p.m && gn < p.n));
-}
-
-fn c_index(wid: vec3<u32>, at: vec3<u32>) -> u32 {
-    return p.c_off + wid.z * p.c_bs + at.x * p.c_ms + at.y * p.c_ns;
-}
-
-// The epilogues: put4_X(wid, lid, o, v) writes accumulator vector o (value v) of this lane's
-// block through entry point X's epilogue. `each_acc_X` (the EACH_ACC snippet, written by the
-// launcher for the block's ACC4 vectors) calls it once per vector with a constant o: a loop
-// over the accumulators that the shader compiler did not unroll indexed them at run time and
-// put all of them in local memory (the 8x8 tiles' residual and GELU entry points, 256-288 bytes
-// a lane, H100, 2026-11-25). One function per epilogue, so an entry point reaches only the
-// bindings its layout has.
-fn put4_plain(wid: vec3<u32>, lid: u32, o: u32, v: vec4<f32>) {
-    for (var q = 0u; q < 4u; q++) {
-        let at = element_at(wid, lid, o, q);
-        if (at.z != 0u) {
-            store_c(c_index(wid, at), v[q]);
-        }
-    }
-}
-
-fn put4_bias(wid: vec3<u32>, lid: u32, o: u32, v: vec4<f32>) {
-    for (var q = 0u; q < 4u; q++) {
-        let at = element_at(wid, lid, o, q);
-        if (at.z != 0u) {
-            store_c(c_index(wid, at), v[q] + bias[p.bias_off + at.y]);
-        }
-    }
-}
-
-// + bias + R, R (the residual a block adds the product to: contiguous (M, N) f32, batch 1)
-// read through `pre` from res_off.
-fn put4_bias_res(wid: vec3<u32>, lid: u32, o: u32, v: vec4<f32>) {
-    for (var q = 0u; q < 4u; q++) {
-        let at = element_at(wid, lid, o, q);
-        if (at.z != 0u) {
-            let r = pre[p.res_off + at.x * p.n + at.y];
-            store_c(c_index(wid, at), v[q] + bias[p.bias_off + at.y] + r);
-        }
-    }
-}
-
-// z = x + bias saved to pre (contiguous (batch, M, N): GELU's backward reads it), C = gelu(z),
-// tanh approximation (GPT-2's).
-fn put4_bias_gelu(wid: vec3<u32>, lid: u32, o: u32, v: vec4<f32>) {
-    for (var q = 0u; q < 4u; q++) {
-        let at = element_at(wid, lid, o, q);
-        if (at.z != 0u) {
-            let z = v[q] + bias[p.bias_off + at.y];
-            pre[(wid.z * p.m + at.x) * p.n + at.y] = z;
-            let k = 0.7978845608028654; // sqrt(2 / pi)
-            let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
-            store_c(c_index(wid, at), 0.5 * z * (1.0 + t));
-        }
-    }
-}
-
-// C's last row (the column sums of B) to pre at bias_off, unless split (the partials keep it).
-fn put4_sums(wid: vec3<u32>, lid: u32, o: u32, v: vec4<f32>) {
-    for (var q = 0u; q < 4u; q++) {
-        let at = element_at(wid, lid, o, q);
-        if (at.z != 0u) {
-            if (at.x == p.m - 1u && p.k_split == 0u) {
-                let s = p.bias_off + at.y;
-                pre[s] = select(v[q], pre[s] + v[q], ACC);
-            } else {
-                store_c(c_index(wid, at), v[q]);
-            }
-        }
-    }
-}
-
 @compute @workgroup_size(WG)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     tile_product(wid, lid);
-    each_acc_plain(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, acc_at(i * TN + j));
+            }
+        }
+    }
 }
 
 // C = A @ B + bias (bias indexed by column).
 @compute @workgroup_size(WG)
 fn matmul_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     tile_product(wid, lid);
-    each_acc_bias(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let z = acc_at(i * TN + j) + bias[p.bias_off + gn];
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, z);
+            }
+        }
+    }
 }
 
-// C = A @ B + bias + R (batch 1).
+// C = A @ B + bias + R, with R (the residual a block adds the product to: contiguous (M, N) f32,
+// batch 1) read through `pre` from res_off.
 @compute @workgroup_size(WG)
 fn matmul_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     tile_product(wid, lid);
-    each_acc_bias_res(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let z = acc_at(i * TN + j) + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn];
+                store_c(p.c_off + gm * p.c_ms + gn * p.c_ns, z);
+            }
+        }
+    }
 }
 
-// z = A @ B + bias saved to pre, C = gelu(z).
+// z = A @ B + bias saved to pre (contiguous (batch, M, N): GELU's backward reads it), and
+// C = gelu(z), tanh approximation (GPT-2's).
 @compute @workgroup_size(WG)
 fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     tile_product(wid, lid);
-    each_acc_bias_gelu(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let z = acc_at(i * TN + j) + bias[p.bias_off + gn];
+                pre[(wid.z * p.m + gm) * p.n + gn] = z;
+                let k = 0.7978845608028654; // sqrt(2 / pi)
+                let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
+                store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, 0.5 * z * (1.0 + t));
+            }
+        }
+    }
 }
 
 // C (+)= A @ B with ONES, C's last row (the column sums of B) stored to pre at bias_off instead
@@ -529,5 +491,19 @@ fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 @compute @workgroup_size(WG)
 fn matmul_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     tile_product(wid, lid);
-    each_acc_sums(wid, lid);
+    for (var i = 0u; i < TM; i++) {
+        let gm = lane_row(wid, lid, i);
+        for (var j = 0u; j < TN; j++) {
+            let gn = lane_col(wid, lid, j);
+            if (gm < p.m && gn < p.n) {
+                let v = acc_at(i * TN + j);
+                if (gm == p.m - 1u && p.k_split == 0u) {
+                    let o = p.bias_off + gn;
+                    pre[o] = select(v, pre[o] + v, ACC);
+                } else {
+                    store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, v);
+                }
+            }
+        }
+    }
 }

@@ -477,33 +477,8 @@ pub fn spec_ones(t: Tile, acc: bool, types: Types, vectors: (bool, bool), ones: 
             .bool("A_V4", vectors.0)
             .bool("B_V4", vectors.1)
             .bool("ACC", acc)
-            .bool("ONES", ones)
-            .source("EACH_ACC", each_acc_source(t.tm * t.tn)),
+            .bool("ONES", ones),
     )
-}
-
-/// The EACH_ACC snippet for a block of `elements` accumulators: for each epilogue X of
-/// matmul.wgsl, `each_acc_X(wid, lid)`, one call of `put4_X` per accumulator vector, each with
-/// a constant index, so no loop the shader compiler might keep indexes them at run time.
-/// Written once per block size and kept for the process.
-fn each_acc_source(elements: u32) -> &'static str {
-    use std::collections::BTreeMap;
-    use std::fmt::Write;
-    use std::sync::Mutex;
-    static CACHE: Mutex<BTreeMap<u32, &'static str>> = Mutex::new(BTreeMap::new());
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    cache.entry(elements).or_insert_with(|| {
-        let vectors = elements.div_ceil(4);
-        let mut text = format!("// each_acc_*: {vectors} accumulator vectors\n");
-        for x in ["plain", "bias", "bias_res", "bias_gelu", "sums"] {
-            let _ = writeln!(text, "fn each_acc_{x}(wid: vec3<u32>, lid: u32) {{");
-            for o in 0..vectors {
-                let _ = writeln!(text, "    put4_{x}(wid, lid, {o}u, acc[{o}]);");
-            }
-            text.push_str("}\n");
-        }
-        Box::leak(text.into_boxed_str())
-    })
 }
 
 /// Every tiled variant: each tile, accumulate or not, f32 and (with shader-f16) the
