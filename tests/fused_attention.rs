@@ -10,10 +10,8 @@
 mod common;
 
 use common::*;
-use naga::valid::{Capabilities, ValidationFlags, Validator};
 use wgrad::autograd::gradcheck::{self, Input};
 use wgrad::kernels::attention::{head_dim_bucket, spec, tile, Pass, HEAD_DIMS};
-use wgrad::kernels::{compose_source, KernelDesc, Spec};
 use wgrad::{Error, Result, Tensor};
 
 /// softmax(q k^T / sqrt(D), keys j <= query i) v in f64, row by row.
@@ -130,25 +128,6 @@ fn strided_inputs_are_read_in_place_or_copied() -> Result<()> {
         "O with k transposed",
     );
     Ok(())
-}
-
-/// sum(O * w) and the gradients of the leaves `ins`, from `f` (fused or reference).
-fn loss_grads(
-    ins: &[Tensor],
-    w: &Tensor,
-    f: impl Fn(&[Tensor]) -> Result<Tensor>,
-) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-    let o = f(ins)?;
-    o.mul(w)?.sum_all()?.backward()?;
-    let grads = ins
-        .iter()
-        .map(|p| p.grad().expect("reached by backward").to_vec())
-        .collect::<Result<_>>()?;
-    Ok((o.to_vec()?, grads))
-}
-
-fn as_f64(v: &[f32]) -> Vec<f64> {
-    v.iter().map(|&x| x as f64).collect()
 }
 
 /// The worst |got - want| / max(|want|, 1) (the metric of `assert_close`), for the log.
@@ -471,32 +450,6 @@ fn forward_keeps_o_and_lse_not_the_probabilities() -> Result<()> {
         "unfused keeps at least O and P: {unfused}"
     );
     Ok(())
-}
-
-/// Bytes of the `var<workgroup>` arrays in a kernel variant's module, as naga lays them out:
-/// (all declared, those its entry point uses).
-fn workgroup_bytes_in_wgsl(kernel: &KernelDesc, spec: &Spec) -> (u32, u32) {
-    let src = compose_source(kernel.family, spec, false);
-    let module = naga::front::wgsl::parse_str(&src).expect("parses (see tests/portability.rs)");
-    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
-        .validate(&module)
-        .expect("validates");
-    let ep = module
-        .entry_points
-        .iter()
-        .position(|e| e.name == kernel.name)
-        .expect("the entry point is in its family");
-    let (mut declared, mut used) = (0, 0);
-    for (handle, var) in module.global_variables.iter() {
-        if var.space == naga::AddressSpace::WorkGroup {
-            let size = module.types[var.ty].inner.size(module.to_ctx());
-            declared += size;
-            if !info.get_entry_point(ep)[handle].is_empty() {
-                used += size;
-            }
-        }
-    }
-    (declared, used)
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Shared helpers of the integration tests: one Device per test binary, seeded random inputs,
 //! a CPU f64 reference (`Arr`: row-major f64 arrays with views, broadcasting, matmul,
-//! reductions, softmax, gather), output poisoning, and `assert_close`.
+//! reductions, softmax, gather), output poisoning, `assert_close`, the loss and gradients of
+//! a function of leaves (`loss_grads`), and the workgroup memory a WGSL variant declares.
 //!
 //! Error metric of `assert_close`: |got - want| / max(|want|, 1), i.e. relative error for
 //! values of magnitude 1 or more and absolute error below that. A non-finite `got` passes only
@@ -10,9 +11,11 @@
 
 use std::sync::OnceLock;
 
+use naga::valid::{Capabilities, ValidationFlags, Validator};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use wgrad::{Device, DeviceOptions, Tensor};
+use wgrad::kernels::{compose_source, KernelDesc, Spec};
+use wgrad::{Device, DeviceOptions, Result, Tensor};
 
 /// Default tolerance of f32 kernels against the f64 reference.
 pub const TOL: f64 = 1e-4;
@@ -486,4 +489,50 @@ impl Arr {
             self.at(&src)
         })
     }
+}
+
+/// sum(out * w) and the gradients of the leaves `ins`, from `f` (a fused op or its
+/// reference).
+pub fn loss_grads(
+    ins: &[Tensor],
+    w: &Tensor,
+    f: impl Fn(&[Tensor]) -> Result<Tensor>,
+) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    let o = f(ins)?;
+    o.mul(w)?.sum_all()?.backward()?;
+    let grads = ins
+        .iter()
+        .map(|p| p.grad().expect("reached by backward").to_vec())
+        .collect::<Result<_>>()?;
+    Ok((o.to_vec()?, grads))
+}
+
+pub fn as_f64(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| x as f64).collect()
+}
+
+/// Bytes of the `var<workgroup>` arrays in a kernel variant's module, as naga lays them out:
+/// (all declared, those its entry point uses).
+pub fn workgroup_bytes_in_wgsl(kernel: &KernelDesc, spec: &Spec) -> (u32, u32) {
+    let src = compose_source(kernel.family, spec, false);
+    let module = naga::front::wgsl::parse_str(&src).expect("parses (see tests/portability.rs)");
+    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+        .validate(&module)
+        .expect("validates");
+    let ep = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == kernel.name)
+        .expect("the entry point is in its family");
+    let (mut declared, mut used) = (0, 0);
+    for (handle, var) in module.global_variables.iter() {
+        if var.space == naga::AddressSpace::WorkGroup {
+            let size = module.types[var.ty].inner.size(module.to_ctx());
+            declared += size;
+            if !info.get_entry_point(ep)[handle].is_empty() {
+                used += size;
+            }
+        }
+    }
+    (declared, used)
 }
