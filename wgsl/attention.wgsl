@@ -31,16 +31,19 @@
 // with zeros), so any T and any D <= DMAX work; no row past T is written, and in attn_bwd_dkv
 // a query past T gets probability 0.
 //
-// Workgroup mapping: ROWL x COLL = 128 lanes.
+// Workgroup mapping: ROWL x COLL = WG lanes (128 by default; 64 to 256).
 //   S = q k^T, dP = dO v^T (sums over d): lane (tr, tc) (`score_lane`: a subgroup of 32 covers
 //     4 rows x 8 columns) owns queries tr + i * ROWL and keys tc + j * COLL; per 4 d's it loads
 //     one vector of q (dO) per query and of k (v) per key.
 //   O = P v, dQ = dS k (sums over keys): the same lane owns the same queries and the vectors
 //     of d's tc + g * COLL; per 4 keys it loads one vector of P (dS) per query and one of v
 //     (k) per key and vector of d's.
-//   dV = P^T dO, dK = dS^T q (sums over queries): lane (kr, kc) = (lid / D4, lid % D4),
+//   dV = P^T dO, dK = dS^T q (sums over queries): lane (qs, kr, kc), kc = lid % D4 with
 //     D4 = DMAX / 4, owns the runs of 4 keys 4 * (kr + i * DKV_ROWL) + 0..3 and the vector kc
 //     of d's; per query it loads one vector of P and of dS per run and one of dO and of q.
+//     Where the lanes outnumber the BC / 4 x D4 (run, vector) pairs, DKV_QS lanes share a
+//     pair, lane qs summing the block's queries qs, qs + DKV_QS, ...; their partial sums meet
+//     through tile_k and tile_v (free by then) once every block is done.
 //   Accumulators that outlive a block (O, dQ, dK, dV) are module-scope vectors (`acc`,
 //   `acc_dv`).
 // Workgroups:
@@ -58,7 +61,8 @@
 // compiled under each variant's constants, and HLSL declares every groupshared array of the
 // file, so the arrays a kind does not use get one element), DMAX (head dim padded: 32, 64 or
 // 128), BR, BC (query and key block, multiples of 4), ROWL, COLL (lane grid, COLL a multiple
-// of 8), ACC_DQ, ACC_DK, ACC_DV (add the gradient into its target instead of overwriting it).
+// of 8; `Tile::runs` in src/kernels/attention.rs lists what the mappings above need), ACC_DQ,
+// ACC_DK, ACC_DV (add the gradient into its target instead of overwriting it).
 
 struct Params {
     heads: u32,
@@ -102,8 +106,10 @@ const SP4: u32 = BC / 4u + 1u; // [query][key] tile row stride, in vectors
 const Q_PER_LANE: u32 = max(1u, BR / ROWL);  // query rows of a [query][key] tile, O and dQ
 const K_PER_LANE: u32 = max(1u, BC / COLL);  // key columns of a [query][key] tile
 const D4_PER_LANE: u32 = max(1u, D4 / COLL); // vectors of d columns of O, dQ
-// dK and dV: D4 lanes across the head dim (one vector each), DKV_ROWL across runs of 4 keys.
-const DKV_ROWL: u32 = WG / D4;
+// dK and dV: D4 lanes across the head dim (one vector each), DKV_ROWL across runs of 4 keys,
+// DKV_QS across the queries of a block (1 unless WG > BC / 4 * D4).
+const DKV_ROWL: u32 = max(1u, min(BC / 4u, WG / D4));
+const DKV_QS: u32 = max(1u, WG / (D4 * DKV_ROWL));
 const KRUNS_PER_LANE: u32 = max(1u, BC / 4u / DKV_ROWL);
 // The score of a masked pair: finite, so exp(NEG_BIG - m) is 0 and exp(m_old - m_new) is
 // never NaN (every query row has key 0 in its first block, so m is finite after it).
@@ -595,9 +601,11 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     let lane = score_lane(lid);
     let tr = lane.x;
     let tc = lane.y;
-    // This lane's runs of 4 keys of dK, dV (kr + i * DKV_ROWL) and its vector of d's (kc).
-    let kr = lid / D4;
+    // This lane's runs of 4 keys of dK, dV (kr + i * DKV_ROWL), its vector of d's (kc) and
+    // its share of a block's queries (qs + j * DKV_QS).
     let kc = lid % D4;
+    let kr = (lid / D4) % DKV_ROWL;
+    let qs = lid / (D4 * DKV_ROWL);
 
     // The first block of queries (scale * q, dO, lse, D) in flight while the keys are staged.
     // Queries before k0 see none of these keys.
@@ -620,10 +628,10 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         }
         probabilities(q0, k0, tr, tc);
         workgroupBarrier();
-        // dV += P^T dO, dK += dS^T (scale q), over this block's queries: per query a lane
-        // loads P and dS of its keys (a vector per run) and a vector of dO and of q, for
-        // 32 * KRUNS_PER_LANE FMAs.
-        for (var r = 0u; r < BR; r++) {
+        // dV += P^T dO, dK += dS^T (scale q), over this lane's share of the block's queries
+        // (all of them where DKV_QS is 1): per query a lane loads P and dS of its keys (a
+        // vector per run) and a vector of dO and of q, for 32 * KRUNS_PER_LANE FMAs.
+        for (var r = qs; r < BR; r += DKV_QS) {
             var pc: array<vec4<f32>, KRUNS_PER_LANE>;
             var dsc: array<vec4<f32>, KRUNS_PER_LANE>;
             for (var i = 0u; i < KRUNS_PER_LANE; i++) {
@@ -643,10 +651,44 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier(); // the query tiles are staged again next block
     }
 
+    // The query shares' partial sums meet in tile_k (dK) and tile_v (dV), [key][d] tiles no
+    // block reads any more: share 1 stores its own, the others add theirs in turn, share 0
+    // adds the total to its own and writes it.
+    if (DKV_QS > 1u) {
+        for (var g = 1u; g < DKV_QS; g++) {
+            if (qs == g) {
+                for (var i = 0u; i < KRUNS_PER_LANE; i++) {
+                    for (var e = 0u; e < 4u; e++) {
+                        let o = 4u * i + e;
+                        let at_kd = (4u * (kr + i * DKV_ROWL) + e) * DP4 + kc;
+                        if (g == 1u) {
+                            tile_k[at_kd] = acc[o];
+                            tile_v[at_kd] = acc_dv[o];
+                        } else {
+                            tile_k[at_kd] += acc[o];
+                            tile_v[at_kd] += acc_dv[o];
+                        }
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
+        if (qs == 0u) {
+            for (var i = 0u; i < KRUNS_PER_LANE; i++) {
+                for (var e = 0u; e < 4u; e++) {
+                    let o = 4u * i + e;
+                    let at_kd = (4u * (kr + i * DKV_ROWL) + e) * DP4 + kc;
+                    acc[o] += tile_k[at_kd];
+                    acc_dv[o] += tile_v[at_kd];
+                }
+            }
+        }
+    }
+
     for (var i = 0u; i < KRUNS_PER_LANE; i++) {
         for (var e = 0u; e < 4u; e++) {
             let c = 4u * (kr + i * DKV_ROWL) + e;
-            if (k0 + c >= p.t) { continue; }
+            if (k0 + c >= p.t || qs != 0u) { continue; }
             for (var f = 0u; f < 4u; f++) {
                 let d = 4u * kc + f;
                 if (d < p.d) {

@@ -4,6 +4,10 @@
 //!
 //! Tiles are chosen per pass and padded head dim (`Tile`, `tile`): 128 lanes each, at most
 //! 32 KiB of workgroup memory (lavapipe's and Apple's limit; NVIDIA has 48 KiB).
+//! `candidate_tiles` lists others to measure, `WGRAD_ATTN_F32_TILE` or `force_tiles` runs them
+//! (`chosen_tile`).
+
+use std::sync::Mutex;
 
 use bytemuck::{Pod, Zeroable};
 
@@ -109,6 +113,17 @@ pub enum Pass {
 }
 
 impl Pass {
+    pub const ALL: [Pass; 3] = [Pass::Forward, Pass::Dq, Pass::Dkv];
+
+    /// The pass's name in `WGRAD_ATTN_F32_TILE`.
+    pub fn short_name(self) -> &'static str {
+        match self {
+            Pass::Forward => "fwd",
+            Pass::Dq => "dq",
+            Pass::Dkv => "dkv",
+        }
+    }
+
     pub fn kernel(self) -> &'static KernelDesc {
         match self {
             Pass::Forward => &ATTN_FWD,
@@ -119,7 +134,7 @@ impl Pass {
 }
 
 /// A pass's blocking: BR queries and BC keys per step, head dim padded to DMAX, lanes as a
-/// ROWL x COLL grid (128 lanes).
+/// ROWL x COLL grid (128 by default; `Tile::runs` says which others the kernel takes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tile {
     pub dmax: u32,
@@ -159,9 +174,208 @@ pub fn tile(pass: Pass, dmax: u32) -> Tile {
     }
 }
 
+/// Other tiles of `pass` at padded head dim `dmax` to measure against `tile`'s (listed
+/// first), all with at most 32 KiB of workgroup memory (so lavapipe runs them all): smaller
+/// ones, so that two (24 KiB or less) or three (16 KiB or less) workgroups share an NVIDIA
+/// core (its Vulkan driver gives a core about 48 KiB; PROFILING.md, "Workgroup memory per
+/// core"), and 256-lane ones (8 subgroups of 32 a workgroup). DMAX 32 takes COLL 8 only for
+/// the forward and dQ (D4 = 8 vectors across COLL lanes); at DMAX 128 no 256-lane tile but
+/// the forward's fits 32 KiB.
+pub fn candidate_tiles(pass: Pass, dmax: u32) -> Vec<Tile> {
+    let others: &[&str] = match (pass, dmax) {
+        (Pass::Forward, 32) => &[
+            "32x32/32x8",
+            "32x64/16x8",
+            "32x64/32x8",
+            "64x16/32x8",
+            "16x32/16x8",
+            "16x16/16x8",
+        ],
+        (Pass::Forward, 64) => &[
+            "32x32/32x8",
+            "32x32/16x16",
+            "32x16/16x8",
+            "32x16/32x8",
+            "16x32/16x8",
+            "16x32/16x16",
+            "16x16/16x8",
+            "16x16/16x16",
+        ],
+        (Pass::Forward, _) => &[
+            "32x16/32x8",
+            "32x16/16x16",
+            "32x8/32x8",
+            "16x16/16x8",
+            "16x16/16x16",
+            "8x32/8x16",
+        ],
+        (Pass::Dq, 32) => &[
+            "32x32/32x8",
+            "32x16/16x8",
+            "32x16/32x8",
+            "16x32/16x8",
+            "16x16/16x8",
+        ],
+        (Pass::Dq, 64) => &[
+            "32x16/16x16",
+            "32x16/32x8",
+            "24x16/8x16",
+            "32x8/16x8",
+            "32x8/32x8",
+            "16x16/16x8",
+            "16x16/16x16",
+            "16x8/16x8",
+        ],
+        (Pass::Dq, _) => &["8x16/8x16"],
+        (Pass::Dkv, 32) => &[
+            "16x64/8x32",
+            "16x32/8x16",
+            "16x32/16x16",
+            "32x32/16x8",
+            "8x32/8x16",
+            "16x16/8x16",
+            "16x16/16x16",
+        ],
+        (Pass::Dkv, 64) => &[
+            "16x32/16x16",
+            "16x32/8x32",
+            "8x32/8x16",
+            "8x32/8x32",
+            "16x16/8x16",
+            "16x16/16x8",
+            "16x16/16x16",
+            "8x16/8x16",
+            "16x8/16x8",
+        ],
+        (Pass::Dkv, _) => &["16x8/16x8"],
+    };
+    let parsed = others
+        .iter()
+        .map(|s| Tile::parse(s, dmax).expect("candidate tiles are well formed"));
+    std::iter::once(tile(pass, dmax)).chain(parsed).collect()
+}
+
+/// The tile `pass` runs with at padded head dim `dmax` on an adapter with these limits: a
+/// forced one (`force_tiles`, `WGRAD_ATTN_F32_TILE`) where the kernel runs it and it fits,
+/// else `tile`'s.
+pub fn chosen_tile(pass: Pass, dmax: u32, max_workgroup_bytes: u32, max_lanes: u32) -> Tile {
+    forced(pass, dmax)
+        .filter(|t| {
+            t.runs(pass) && t.workgroup_bytes(pass) <= max_workgroup_bytes && t.lanes() <= max_lanes
+        })
+        .unwrap_or_else(|| tile(pass, dmax))
+}
+
+/// Forced tiles, by pass and padded head dim; `None` until first read (then from
+/// `WGRAD_ATTN_F32_TILE`) or set (`force_tiles`).
+static FORCED: Mutex<Option<Vec<(Pass, Tile)>>> = Mutex::new(None);
+
+fn forced(pass: Pass, dmax: u32) -> Option<Tile> {
+    let mut forced = FORCED.lock().unwrap_or_else(|e| e.into_inner());
+    let tiles = forced.get_or_insert_with(env_tiles);
+    let found = tiles.iter().find(|(p, t)| *p == pass && t.dmax == dmax);
+    found.map(|&(_, t)| t)
+}
+
+/// A measurement and test switch: from now on (in this process) `tiles` replace `tile`'s for
+/// their pass at their padded head dim, where `chosen_tile` accepts them; `&[]` restores the
+/// defaults. Replaces what `WGRAD_ATTN_F32_TILE` set. Pipelines are specialized per tile, so
+/// switching costs a compile of each new one, nothing else.
+pub fn force_tiles(tiles: &[(Pass, Tile)]) {
+    *FORCED.lock().unwrap_or_else(|e| e.into_inner()) = Some(tiles.to_vec());
+}
+
+/// `WGRAD_ATTN_F32_TILE=fwd=32x32/16x8,dq=16x16/16x8,dkv=16x32/8x16` (a measurement switch,
+/// read by `parse_forced_tiles`). An entry it cannot read is said so on stderr: a sweep would
+/// otherwise time the default unawares.
+fn env_tiles() -> Vec<(Pass, Tile)> {
+    const VAR: &str = "WGRAD_ATTN_F32_TILE";
+    let Ok(s) = std::env::var(VAR) else {
+        return Vec::new();
+    };
+    let (tiles, unread) = parse_forced_tiles(&s);
+    for entry in unread {
+        eprintln!("{VAR}: ignoring {entry:?} (expected fwd|dq|dkv=BRxBC/ROWLxCOLL)");
+    }
+    tiles
+}
+
+/// `PASS=BRxBC/ROWLxCOLL` entries split by commas, as tiles to force: each named pass's at
+/// every padded head dim (`chosen_tile` takes it where it runs and fits), and the entries
+/// that are not of that form.
+pub fn parse_forced_tiles(s: &str) -> (Vec<(Pass, Tile)>, Vec<&str>) {
+    let (mut tiles, mut unread) = (Vec::new(), Vec::new());
+    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let parsed = entry.split_once('=').and_then(|(name, t)| {
+            let pass = Pass::ALL
+                .into_iter()
+                .find(|p| p.short_name() == name.trim())?;
+            let t = Tile::parse(t, 0)?;
+            Some(HEAD_DIMS.map(|dmax| (pass, Tile { dmax, ..t })))
+        });
+        match parsed {
+            Some(at) => tiles.extend(at),
+            None => unread.push(entry),
+        }
+    }
+    (tiles, unread)
+}
+
 impl Tile {
     pub const fn lanes(&self) -> u32 {
         self.rowl * self.coll
+    }
+
+    /// `BRxBC/ROWLxCOLL`, as `WGRAD_ATTN_F32_TILE` takes it.
+    pub fn name(&self) -> String {
+        format!("{}x{}/{}x{}", self.br, self.bc, self.rowl, self.coll)
+    }
+
+    /// A `name` at padded head dim `dmax` (whether the kernel runs it is `runs`).
+    pub fn parse(s: &str, dmax: u32) -> Option<Tile> {
+        let (block, lanes) = s.split_once('/')?;
+        let pair = |s: &str| -> Option<(u32, u32)> {
+            let (a, b) = s.split_once('x')?;
+            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+        };
+        let ((br, bc), (rowl, coll)) = (pair(block)?, pair(lanes)?);
+        Some(Tile {
+            dmax,
+            br,
+            bc,
+            rowl,
+            coll,
+        })
+    }
+
+    /// Whether attention.wgsl computes `pass` with this tile: what its lane mappings assume.
+    ///   all: 64 to 256 lanes (a power of 2, so D4 = DMAX / 4 divides them), COLL a multiple
+    ///   of 8 (`score_lane`), the [query][key] block split evenly over the lane grid (BR over
+    ///   ROWL, BC over COLL), keys in vectors of 4, and a lane per query row of a block (lse
+    ///   and D);
+    ///   forward, dQ: O and dQ's vectors of 4 d's split evenly over COLL lanes;
+    ///   dK/dV: the runs of 4 keys by vectors of 4 d's split evenly over the lanes, or the
+    ///   lanes evenly over them (`DKV_QS` lanes a pair, each with a share of the queries).
+    pub fn runs(&self, pass: Pass) -> bool {
+        let (lanes, d4) = (self.lanes(), self.dmax / 4);
+        let grid = HEAD_DIMS.contains(&self.dmax)
+            && lanes.is_power_of_two()
+            && (64..=256).contains(&lanes)
+            && self.coll.is_multiple_of(8)
+            && self.rowl > 0
+            && self.br > 0
+            && self.br.is_multiple_of(self.rowl)
+            && self.br <= lanes
+            && self.bc > 0
+            && self.bc.is_multiple_of(self.coll)
+            && self.bc.is_multiple_of(4);
+        grid && match pass {
+            Pass::Forward | Pass::Dq => d4.is_multiple_of(self.coll),
+            Pass::Dkv => {
+                let pairs = self.bc / 4 * d4;
+                lanes.is_multiple_of(pairs) || pairs.is_multiple_of(lanes)
+            }
+        }
     }
 
     /// Bytes of workgroup memory `pass` declares with this tile (mirrors the `var<workgroup>`

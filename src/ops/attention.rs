@@ -581,7 +581,12 @@ fn dispatch(
             t.rows(c),
         ),
         None => {
-            let t = attention::tile(pass, dmax);
+            let lanes = q
+                .device()
+                .gpu()
+                .limits
+                .max_compute_invocations_per_workgroup;
+            let t = attention::chosen_tile(pass, dmax, limit_bytes, lanes);
             let block = if pass == Pass::Dkv { t.bc } else { t.br };
             (pass.kernel(), attention::spec(pass, t, acc_a, acc_b), block)
         }
