@@ -14,9 +14,9 @@
 //! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too) or
 //! `tiled:TILE` (the f32 tiled kernel; `tiled:TILE:ENTRY` its entry point ENTRY, e.g.
 //! `matmul_bias_res`; `tiled:TILE:ENTRY:v4` with both operands read in vectors of 4, as a
-//! step's aligned products are on a vector tile). The SPIR-V is written by naga with the options wgpu
-//! uses for the engine's shader modules (no bounds checks, no loop bounding, no division
-//! checks). `--no-robust` opens the device without robustBufferAccess / robustBufferAccess2
+//! step's aligned products are on a vector tile). The SPIR-V is written by naga with the
+//! options wgpu uses for the engine's shader modules (no bounds checks, no loop bounding, no
+//! division checks). `--no-robust` opens the device without robustBufferAccess / robustBufferAccess2
 //! (wgpu turns both on where offered), to see what the driver's bounds checks cost in
 //! registers.
 
@@ -94,8 +94,13 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
                     &matmul::MATMUL_SUMS,
                 ],
             )?;
-            // `:v4`: both operands read in vectors of 4 (a step's aligned products).
-            let v4 = flag == Some("v4") && t.vec;
+            // `:v4`: both operands read in vectors of 4 (a step's aligned products; vector
+            // tiles only).
+            let v4 = match flag {
+                None => false,
+                Some("v4") if t.vec => true,
+                Some(_) => return None,
+            };
             let spec = matmul::spec_ones(t, false, Types::F32, (v4, v4), entry == "matmul_sums");
             Some((arg.to_string(), &matmul::FAMILY, entry, spec))
         }

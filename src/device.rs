@@ -98,6 +98,9 @@ impl Gpu {
             limits.max_storage_buffer_binding_size =
                 limits.max_storage_buffer_binding_size.min(cap);
         }
+        // Whole vectors of 4 f32: the matmul kernels bind their operands as vec4 arrays, so a
+        // binding's last elements lie inside its array only if its size is a multiple of 16.
+        limits.max_storage_buffer_binding_size -= limits.max_storage_buffer_binding_size % 16;
         let cooperative_matrix =
             if !features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
                 Vec::new()

@@ -2414,22 +2414,30 @@ fn padded_operand(
 /// The tiled kernel's vector reads (`matmul.wgsl`'s A_V4, B_V4) on every vector tile the engine
 /// or a search chooses: A read along k or (transposed) m, B along n or (transposed) k; rows of
 /// a multiple of 4 and views narrower than their rows (the last vector partly outside, NaN
-/// there); whole K and 3 ranges of it; and a linear's backward, whose weight gradient takes A's
-/// row of ones beside a vector of x^T's (the bias gradient). Against f64; every product's
-/// dispatch says it read both operands as vectors.
+/// there: a kernel that does not mask what lies past K gives NaN); whole K and ranges of it (3
+/// asked; 2 where BK is 32); a batch of 3 over a broadcast B; and a linear's backward, whose
+/// weight gradient takes A's row of ones beside a vector of x^T's (the bias gradient). Against
+/// f64; every product's dispatch says it read both operands as vectors, a split product's that
+/// its partials were summed, the weight gradient's that it ran with the row of ones.
 #[test]
 fn vector_reads_match_f64_on_every_layout() {
     use wgrad::kernels::tuning::{tiled_search_tiles, TileChoice};
     use wgrad::ops::Activation;
     let d = private_dev();
-    d.set_gpu_timing(true);
+    assert_eq!(
+        d.set_gpu_timing(true),
+        Some(wgrad::graph::TimingMode::PerDispatch),
+        "the test reads each dispatch's variant from timestamps inside passes"
+    );
     let mut rng = rng("vector reads");
     let mut tiles: Vec<_> = tiled_search_tiles().into_iter().filter(|t| t.vec).collect();
+    tiles.sort_by_key(|t| t.name());
     tiles.dedup();
     assert!(tiles.len() >= 4, "{tiles:?}");
     // Runs `product` once to learn its keys, then on `tile` (split where a key allows), and
-    // checks that each matmul dispatch read A and B in vectors.
-    let on_tile = |tile, split: Option<u32>, product: &dyn Fn() -> Vec<Tensor>| -> Vec<Tensor> {
+    // checks that each matmul dispatch read A and B in vectors, that a split ran where asked
+    // and (`ones`) that a product took A's row of ones.
+    let on_tile = |tile, split: Option<u32>, ones: bool, product: &dyn Fn() -> Vec<Tensor>| {
         d.log_products(true);
         drop(product());
         let keys = d.take_product_log();
@@ -2443,20 +2451,33 @@ fn vector_reads_match_f64_on_every_layout() {
         for t in &out {
             t.to_vec().unwrap();
         }
-        let products: Vec<_> = d
-            .take_gpu_intervals()
-            .unwrap()
-            .into_iter()
-            .filter(|i| i.label.starts_with("matmul") && !i.label.starts_with("matmul_split"))
-            .collect();
+        let intervals = d.take_gpu_intervals().unwrap();
+        let (sums, products): (Vec<_>, Vec<_>) = intervals
+            .iter()
+            .filter(|i| i.label.starts_with("matmul"))
+            .partition(|i| i.label.starts_with("matmul_split"));
         assert!(!products.is_empty());
-        for i in products {
+        assert_eq!(
+            !sums.is_empty(),
+            split.is_some(),
+            "tile {}: {intervals:?}",
+            tile.name()
+        );
+        for i in &products {
+            let flags = i.variant.split(',').collect::<Vec<_>>();
             assert!(
-                i.variant.contains("A_V4=true,B_V4=true"),
+                flags.contains(&"A_V4=true") && flags.contains(&"B_V4=true"),
                 "tile {}: {} {}",
                 tile.name(),
                 i.label,
                 i.variant
+            );
+        }
+        if ones {
+            assert!(
+                products.iter().any(|i| i.variant.contains("ONES=true")),
+                "tile {}: {products:?}",
+                tile.name()
             );
         }
         out
@@ -2479,12 +2500,26 @@ fn vector_reads_match_f64_on_every_layout() {
                         (y.t().unwrap(), b.t())
                     }
                 };
-                let c = on_tile(tile, split, &|| vec![x.matmul(&y).unwrap()]);
+                let c = on_tile(tile, split, false, &|| vec![x.matmul(&y).unwrap()]);
                 let what = format!(
                     "tile {} split {split:?}: {m}x{k}x{n}, A transposed {ta}, B transposed {tb}, narrow {narrow}",
                     tile.name()
                 );
                 check(&c[0], &a.matmul(&b), TOL, &what);
+            }
+            // A batch of 3 (68, 44) matrices times one (44, 36) (B's batch stride 0); a
+            // batch does not split.
+            if split.is_none() {
+                let a = Arr::rand(&mut rng, &[3, 68, 44], -1.0, 1.0);
+                let b = Arr::rand(&mut rng, &[44, 36], -1.0, 1.0);
+                let (x, y) = (a.upload(&d), b.upload(&d));
+                let c = on_tile(tile, None, false, &|| vec![x.matmul(&y).unwrap()]);
+                check(
+                    &c[0],
+                    &a.matmul(&b),
+                    TOL,
+                    &format!("tile {}: batch of 3", tile.name()),
+                );
             }
             // dW = x^T dz with the bias gradient as its row of ones: x^T read along m, the
             // ones starting a vector (44 features) or inside one (45).
@@ -2494,7 +2529,7 @@ fn vector_reads_match_f64_on_every_layout() {
                 let wa = Arr::rand(&mut rng, &[c_in, c_out], -0.5, 0.5);
                 let ba = Arr::rand(&mut rng, &[c_out], -0.5, 0.5);
                 let (w, b) = (wa.upload(&d).requires_grad(), ba.upload(&d).requires_grad());
-                let grads = on_tile(tile, split, &|| {
+                let grads = on_tile(tile, split, true, &|| {
                     w.zero_grad();
                     b.zero_grad();
                     let y = x.linear(&w, Some(&b), Activation::None).unwrap();

@@ -54,8 +54,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> c: array<TC>;
-@group(0) @binding(2) var<storage, read> a: array<vec4<TA>>; // element i: a[i >> 2][i & 3]
-@group(0) @binding(3) var<storage, read> b: array<vec4<TB>>;
+@group(0) @binding(2) var<storage, read> a: array<vec4<TA>>; // (batch, M, K) through strides; element i: a[i >> 2][i & 3]
+@group(0) @binding(3) var<storage, read> b: array<vec4<TB>>; // (batch, K, N) likewise
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
 @group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
 
@@ -124,13 +124,14 @@ fn b_at(e: u32) -> vec2<u32> {
 // A_V4 (B_V4): a step reads A (B) as whole vectors of 4 along its unit-stride dim, one load
 // where there were four. The launcher sets it for VEC tiles only, where the operand's offset,
 // batch stride and other stride are multiples of 4, every row's last vector, rounded up to 4
-// elements, lies inside the binding, and (along k) BK is a multiple of 4. Vector e of a step's
+// elements, lies inside the binding, and (along k) BK is a multiple of 4 (so are the tile
+// origins and the split ranges' starts, whole K steps: every vector starts on 4). Vector e of a step's
 // tile starts at (m, k) (A) or (k, n) (B); the elements of a vector past M, N or the K range
 // are masked to zero when it is stored.
 const A_VECS: u32 = BM * BK / 4u;
 const B_VECS: u32 = BK * BN / 4u;
-const A_VLOADS: u32 = (A_VECS + WG - 1u) / WG;
-const B_VLOADS: u32 = (B_VECS + WG - 1u) / WG;
+const A_VLOADS: u32 = max((A_VECS + WG - 1u) / WG, 1u); // (1 where a tile holds under 4)
+const B_VLOADS: u32 = max((B_VECS + WG - 1u) / WG, 1u);
 const BK4: u32 = max(BK / 4u, 1u); // vectors along a tile's k (unused where BK < 4)
 
 fn a_vec_at(e: u32) -> vec2<u32> {
@@ -160,7 +161,8 @@ fn acc_at(e: u32) -> f32 {
 
 // The next step's share of this lane, in registers while the current step multiplies: elements
 // (or, with A_V4 / B_V4, vectors) and which of them lie inside the operand: bit i (4 bits a
-// vector, one an element of it) of a_ok / b_ok; a_one: the elements that are A's row of ones.
+// vector, one an element of it) of a_ok / b_ok; a_one (A_V4 with ONES): the elements that are
+// A's row of ones.
 var<private> a_next: array<TS, A_LOADS>;
 var<private> b_next: array<TS, B_LOADS>;
 var<private> a_next4: array<vec4<TS>, A_VLOADS>;
@@ -176,7 +178,8 @@ fn bits4(bits: u32, i: u32) -> vec4<bool> {
     return (vec4<u32>(bits >> (4u * i)) & BIT4) != vec4<u32>(0u);
 }
 
-// Loads (branch-free: a lane outside the operand reads its first vector, masked at the store)
+// Loads (branch-free: a lane outside the operand reads the binding's first vector, masked at the
+// store)
 // the lane's share of the A tile at k0, rows from row0.
 fn fetch_a(lid: u32, row0: u32, k0: u32, base: u32) {
     a_ok = 0u;
@@ -197,7 +200,7 @@ fn fetch_a(lid: u32, row0: u32, k0: u32, base: u32) {
                 let last = p.m - 1u;
                 var one = 0u;
                 if (a_unit_m()) {
-                    one = select(0u, 1u << (last - gm), gm <= last && last < gm + 4u);
+                    one = select(0u, 1u << ((last - gm) & 3u), gm <= last && last < gm + 4u);
                 } else {
                     one = select(0u, (1u << min(4u, k_hi - gk)) - 1u, gm == last);
                 }

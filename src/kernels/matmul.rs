@@ -419,8 +419,8 @@ pub struct OperandLayout {
 
 impl OperandLayout {
     /// Whether the kernels walk the operand along its cols (A's k, B's n): unless only its rows
-    /// are unit-stride (the rule of `a_at` / `b_at` in matmul.wgsl and of the cooperative-matrix
-    /// kernel's units).
+    /// are unit-stride (the rule of `a_unit_m` / `b_unit_k` in matmul.wgsl and of the
+    /// cooperative-matrix kernel's units).
     pub fn along_cols(&self) -> bool {
         self.col_stride == 1 || self.row_stride != 1
     }
@@ -525,4 +525,94 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
         }
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A (rows, cols) f32 operand with row stride `row_stride` at `offset`, its binding
+    /// `bound` elements.
+    fn operand(
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        offset: usize,
+        bound: usize,
+    ) -> OperandLayout {
+        OperandLayout {
+            dtype: DType::F32,
+            offset,
+            batch_stride: 0,
+            batch: 1,
+            rows,
+            row_stride,
+            cols,
+            col_stride: 1,
+            bound_elements: bound,
+        }
+    }
+
+    #[test]
+    fn vectors_need_aligned_starts_and_whole_last_vectors() {
+        assert!(operand(68, 44, 44, 0, 68 * 44).reads_vectors(4, 4));
+        assert!(
+            !operand(68, 44, 44, 2, 68 * 44 + 2).reads_vectors(4, 4),
+            "offset"
+        );
+        assert!(
+            !operand(68, 45, 45, 0, 68 * 45).reads_vectors(4, 4),
+            "row stride"
+        );
+        // A view of 45 of each row's 56, 4 in: the last vector reads 3 elements past the view.
+        let narrow = |cols, bound| operand(70, cols, 56, 4, bound);
+        assert!(narrow(45, 70 * 56).reads_vectors(4, 4));
+        assert!(narrow(45, 4 + 69 * 56 + 48).reads_vectors(4, 4));
+        assert!(
+            !narrow(45, 4 + 69 * 56 + 45).reads_vectors(4, 4),
+            "last vector past the binding"
+        );
+        // Units of 8 (the cooperative-matrix kernel) need the last 8 inside: 43 rounds to 44
+        // in vectors of 4, to 48 in units of 8.
+        assert!(narrow(43, 4 + 69 * 56 + 44).reads_vectors(4, 4));
+        assert!(!narrow(43, 4 + 69 * 56 + 44).reads_vectors(4, 8));
+        let batched = |batch_stride| OperandLayout {
+            batch: 3,
+            batch_stride,
+            ..operand(68, 44, 44, 0, 3 * 68 * 44)
+        };
+        assert!(batched(68 * 44).reads_vectors(4, 4));
+        assert!(batched(0).reads_vectors(4, 4), "a broadcast batch");
+        assert!(!batched(68 * 44 - 2).reads_vectors(4, 4), "batch stride");
+        let strided = OperandLayout {
+            col_stride: 2,
+            ..operand(68, 44, 88, 0, 68 * 88)
+        };
+        assert!(!strided.reads_vectors(4, 4), "no unit-stride dim");
+    }
+
+    #[test]
+    fn vector_reads_only_on_vector_tiles_and_along_k_only_on_whole_vectors_of_k() {
+        let a = operand(68, 44, 44, 0, 68 * 44); // (M, K) along k
+        let b = operand(44, 36, 36, 0, 44 * 36); // (K, N) along n
+        let t = Tile::new(64, 64, 8, 4, 4);
+        assert_eq!(vector_reads(t.vec(), &a, &b), (true, true));
+        assert_eq!(vector_reads(t, &a, &b), (false, false), "interleaved tile");
+        // BK 2: a vector along k would straddle two steps; along m or n it does not.
+        let bk2 = Tile::new(64, 64, 2, 4, 4).vec();
+        assert_eq!(vector_reads(bk2, &a, &b), (false, true));
+        // A transposed (rows unit-stride: along m) and B transposed (along k).
+        let at = OperandLayout {
+            row_stride: 1,
+            col_stride: 68,
+            ..operand(68, 44, 0, 0, 68 * 44)
+        };
+        let bt = OperandLayout {
+            row_stride: 1,
+            col_stride: 44,
+            ..operand(44, 36, 0, 0, 44 * 36)
+        };
+        assert!(!at.along_cols() && !bt.along_cols());
+        assert_eq!(vector_reads(bk2, &at, &bt), (true, false));
+    }
 }
