@@ -476,13 +476,14 @@ fn tiles_fit_32_kib_of_workgroup_memory() {
             assert_eq!(t.coll % 8, 0, "{pass:?} {t:?}: subgroups of 4 x 8 lanes");
             assert_eq!(t.bc % 4, 0, "{pass:?} {t:?}: keys in vectors of 4");
             if pass == Pass::Dkv {
-                let runs = t.bc / 4;
-                let lanes_across_d = dmax / 4;
-                assert_eq!(
-                    runs % (t.lanes() / lanes_across_d),
-                    0,
-                    "{pass:?} {t:?}: runs of 4 keys per lane"
+                // Runs of 4 keys by vectors of 4 d's split evenly over the lanes, or (DKV_QS)
+                // 2-8 lanes sharing one, each with a share of the queries.
+                let pairs = t.bc / 4 * (dmax / 4);
+                assert!(
+                    t.lanes().is_multiple_of(pairs) || pairs.is_multiple_of(t.lanes()),
+                    "{pass:?} {t:?}: (run of 4 keys, vector of 4 d's) pairs and lanes"
                 );
+                assert!(t.runs(pass), "{pass:?} {t:?}");
             } else {
                 assert_eq!(
                     (dmax / 4) % t.coll,

@@ -154,15 +154,21 @@ pub struct Tile {
 /// 4 d's of its rows of O or dQ. dK/dV lanes are 8 x 16 for the [query][key] block, and
 /// (BC / 4) x (DMAX / 4) for the [key][d] accumulators: a run of 4 keys by a vector of 4 d's
 /// each, so BC * DMAX = 2048 (BC 64 at DMAX 32).
+/// At DMAX 64 (GPT-2's head dim) dQ and dK/dV take the candidates that ran fastest in the
+/// 8 x 512 f32 step on an H100 (`candidate_tiles` swept with `WGRAD_ATTN_F32_TILE`, 2026-11-25,
+/// PROFILING.md): dQ 24x16/8x16 (2.31 ms a step against 2.83 for 32x16/16x8) and dK/dV
+/// 16x16/8x16 (3.01 against 3.46 for 16x32/8x16), 23.9 and 20.1 KiB: two workgroups a core
+/// where the larger tiles ran one. The other head dims keep the largest tiles under 32 KiB
+/// (not measured).
 pub fn tile(pass: Pass, dmax: u32) -> Tile {
     let (br, bc, rowl, coll) = match (pass, dmax) {
         (Pass::Forward, 128) => (32, 16, 16, 8),
         (Pass::Forward, _) => (32, 32, 16, 8),
         (Pass::Dq, 128) => (16, 8, 16, 8),
-        (Pass::Dq, 64) => (32, 16, 16, 8),
+        (Pass::Dq, 64) => (24, 16, 8, 16),
         (Pass::Dq, _) => (32, 32, 16, 8),
         (Pass::Dkv, 128) => (8, 16, 8, 16),
-        (Pass::Dkv, 64) => (16, 32, 8, 16),
+        (Pass::Dkv, 64) => (16, 16, 8, 16),
         (Pass::Dkv, _) => (16, 64, 8, 16),
     };
     Tile {
@@ -217,9 +223,9 @@ pub fn candidate_tiles(pass: Pass, dmax: u32) -> Vec<Tile> {
             "16x16/16x8",
         ],
         (Pass::Dq, 64) => &[
+            "32x16/16x8",
             "32x16/16x16",
             "32x16/32x8",
-            "24x16/8x16",
             "32x8/16x8",
             "32x8/32x8",
             "16x16/16x8",
@@ -237,11 +243,11 @@ pub fn candidate_tiles(pass: Pass, dmax: u32) -> Vec<Tile> {
             "16x16/16x16",
         ],
         (Pass::Dkv, 64) => &[
+            "16x32/8x16",
             "16x32/16x16",
             "16x32/8x32",
             "8x32/8x16",
             "8x32/8x32",
-            "16x16/8x16",
             "16x16/16x8",
             "16x16/16x16",
             "8x16/8x16",
