@@ -2502,7 +2502,7 @@ fn vector_reads_match_f64_on_every_layout() {
                 };
                 let c = on_tile(tile, split, false, &|| vec![x.matmul(&y).unwrap()]);
                 let what = format!(
-                    "tile {} split {split:?}: {m}x{k}x{n}, A transposed {ta}, B transposed {tb}, narrow {narrow}",
+                    "tile {} split {split:?}: {m}x{k}x{n}, transposed {ta} {tb}, narrow {narrow}",
                     tile.name()
                 );
                 check(&c[0], &a.matmul(&b), TOL, &what);

@@ -54,8 +54,9 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> c: array<TC>;
-@group(0) @binding(2) var<storage, read> a: array<vec4<TA>>; // (batch, M, K) through strides; element i: a[i >> 2][i & 3]
-@group(0) @binding(3) var<storage, read> b: array<vec4<TB>>; // (batch, K, N) likewise
+// A (batch, M, K) and B (batch, K, N) through strides, as vectors: element i is a[i >> 2][i & 3].
+@group(0) @binding(2) var<storage, read> a: array<vec4<TA>>;
+@group(0) @binding(3) var<storage, read> b: array<vec4<TB>>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
 @group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
 
@@ -125,18 +126,22 @@ fn b_at(e: u32) -> vec2<u32> {
 // where there were four. The launcher sets it for VEC tiles only, where the operand's offset,
 // batch stride and other stride are multiples of 4, every row's last vector, rounded up to 4
 // elements, lies inside the binding, and (along k) BK is a multiple of 4 (so are the tile
-// origins and the split ranges' starts, whole K steps: every vector starts on 4). Vector e of a step's
-// tile starts at (m, k) (A) or (k, n) (B); the elements of a vector past M, N or the K range
-// are masked to zero when it is stored.
+// origins and the split ranges' starts, whole K steps: every vector starts on 4). Vector e of
+// a step's tile starts at (m, k) (A) or (k, n) (B); the elements of a vector past M, N or the
+// K range are masked to zero when it is stored.
 const A_VECS: u32 = BM * BK / 4u;
 const B_VECS: u32 = BK * BN / 4u;
 const A_VLOADS: u32 = max((A_VECS + WG - 1u) / WG, 1u); // (1 where a tile holds under 4)
 const B_VLOADS: u32 = max((B_VECS + WG - 1u) / WG, 1u);
-const BK4: u32 = max(BK / 4u, 1u); // vectors along a tile's k (unused where BK < 4)
+// Vectors along a tile's m, n and k (1 where the tile is narrower than a vector: no A_V4 or
+// B_V4 there).
+const BM4: u32 = max(BM / 4u, 1u);
+const BN4: u32 = max(BN / 4u, 1u);
+const BK4: u32 = max(BK / 4u, 1u);
 
 fn a_vec_at(e: u32) -> vec2<u32> {
     if (a_unit_m()) {
-        return vec2<u32>((e % (BM / 4u)) * 4u, e / (BM / 4u));
+        return vec2<u32>((e % BM4) * 4u, e / BM4);
     }
     return vec2<u32>(e / BK4, (e % BK4) * 4u);
 }
@@ -145,7 +150,7 @@ fn b_vec_at(e: u32) -> vec2<u32> {
     if (b_unit_k()) {
         return vec2<u32>((e % BK4) * 4u, e / BK4);
     }
-    return vec2<u32>(e / (BN / 4u), (e % (BN / 4u)) * 4u);
+    return vec2<u32>(e / BN4, (e % BN4) * 4u);
 }
 
 // The lane's TM x TN accumulators, element e = i * TN + j at acc[e / 4][e % 4] (with VEC, row
@@ -178,9 +183,8 @@ fn bits4(bits: u32, i: u32) -> vec4<bool> {
     return (vec4<u32>(bits >> (4u * i)) & BIT4) != vec4<u32>(0u);
 }
 
-// Loads (branch-free: a lane outside the operand reads the binding's first vector, masked at the
-// store)
-// the lane's share of the A tile at k0, rows from row0.
+// Loads the lane's share of the A tile at k0, rows from row0: branch-free (a lane outside the
+// operand reads the binding's first vector), masked when stored.
 fn fetch_a(lid: u32, row0: u32, k0: u32, base: u32) {
     a_ok = 0u;
     a_one = 0u;
