@@ -42,8 +42,11 @@
 //     D4 = DMAX / 4, owns the runs of 4 keys 4 * (kr + i * DKV_ROWL) + 0..3 and the vector kc
 //     of d's; per query it loads one vector of P and of dS per run and one of dO and of q.
 //     Where the lanes outnumber the BC / 4 x D4 (run, vector) pairs, DKV_QS lanes share a
-//     pair, lane qs summing the block's queries qs, qs + DKV_QS, ...; their partial sums meet
-//     through tile_k and tile_v (free by then) once every block is done.
+//     pair (BR a multiple of DKV_QS), lane qs summing the block's queries qs, qs + DKV_QS,
+//     ...; their partial sums meet through tile_k and tile_v (free by then) once every block
+//     is done. The loop over a block's queries has a constant trip count, and where none
+//     share qs is the constant 0: started at a lane's qs, it cost dK/dV 3.08 -> 3.47 ms a step
+//     at 8 x 512 (H100 and H200, 2026-11-25/26, PROFILING.md).
 //   Accumulators that outlive a block (O, dQ, dK, dV) are module-scope vectors (`acc`,
 //   `acc_dv`).
 // Workgroups:
@@ -605,7 +608,7 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     // its share of a block's queries (qs + j * DKV_QS).
     let kc = lid % D4;
     let kr = (lid / D4) % DKV_ROWL;
-    let qs = lid / (D4 * DKV_ROWL);
+    let qs = select(lid / (D4 * DKV_ROWL), 0u, DKV_QS == 1u); // a constant where none share
 
     // The first block of queries (scale * q, dO, lse, D) in flight while the keys are staged.
     // Queries before k0 see none of these keys.
@@ -631,7 +634,8 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         // dV += P^T dO, dK += dS^T (scale q), over this lane's share of the block's queries
         // (all of them where DKV_QS is 1): per query a lane loads P and dS of its keys (a
         // vector per run) and a vector of dO and of q, for 32 * KRUNS_PER_LANE FMAs.
-        for (var r = qs; r < BR; r += DKV_QS) {
+        for (var j = 0u; j < BR / DKV_QS; j++) {
+            let r = j * DKV_QS + qs;
             var pc: array<vec4<f32>, KRUNS_PER_LANE>;
             var dsc: array<vec4<f32>, KRUNS_PER_LANE>;
             for (var i = 0u; i < KRUNS_PER_LANE; i++) {

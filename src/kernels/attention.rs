@@ -361,7 +361,8 @@ impl Tile {
     ///   and D);
     ///   forward, dQ: O and dQ's vectors of 4 d's split evenly over COLL lanes;
     ///   dK/dV: the runs of 4 keys by vectors of 4 d's split evenly over the lanes, or the
-    ///   lanes evenly over them (`DKV_QS` lanes a pair, each with a share of the queries).
+    ///   lanes evenly over them (`DKV_QS` lanes a pair, each with BR / DKV_QS of a block's
+    ///   queries).
     pub fn runs(&self, pass: Pass) -> bool {
         let (lanes, d4) = (self.lanes(), self.dmax / 4);
         let grid = HEAD_DIMS.contains(&self.dmax)
@@ -378,8 +379,11 @@ impl Tile {
         grid && match pass {
             Pass::Forward | Pass::Dq => d4.is_multiple_of(self.coll),
             Pass::Dkv => {
+                // Shared pairs: DKV_QS = lanes / pairs lanes a pair, each with BR / DKV_QS of a
+                // block's queries.
                 let pairs = self.bc / 4 * d4;
-                lanes.is_multiple_of(pairs) || pairs.is_multiple_of(lanes)
+                (lanes.is_multiple_of(pairs) && self.br.is_multiple_of(lanes / pairs))
+                    || pairs.is_multiple_of(lanes)
             }
         }
     }
