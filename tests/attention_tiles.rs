@@ -141,6 +141,3 @@ fn every_candidate_tile_matches_the_unfused_reference() -> Result<()> {
     force_tiles(&[]);
     Ok(())
 }
-
-/// Tolerance of fused against unfused (both f32), as in tests/fused_attention.rs.
-const FUSED_VS_UNFUSED: f64 = 1e-4;

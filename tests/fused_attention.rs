@@ -138,9 +138,6 @@ fn worst(got: &[f32], want: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Tolerance of fused against unfused (both f32): |fused - unfused| / max(|unfused|, 1).
-const FUSED_VS_UNFUSED: f64 = 1e-4;
-
 #[test]
 fn fused_matches_unfused_reference_forward_and_gradients() -> Result<()> {
     let d = dev();

@@ -144,22 +144,19 @@ pub struct Tile {
     pub coll: u32,
 }
 
-/// The tile of `pass` at padded head dim `dmax` (one of `HEAD_DIMS`). Each is the largest
-/// (BR first: it is the reuse of the staged keys) that keeps the pass's workgroup memory
-/// under 32 KiB; `workgroup_bytes` counts it.
+/// The tile of `pass` at padded head dim `dmax` (one of `HEAD_DIMS`), all of 128 lanes;
+/// `workgroup_bytes` counts what each stages:
 ///   forward: q (BR rows) and one k-or-v tile (BC rows) staged, plus S (BR x BC) and the
 ///   rows' partial maxima and sums (BR x COLL);
 ///   dQ: q, dO (BR rows), k, v (BC rows), dS; dK/dV: the same plus P.
-/// Forward and dQ lanes are 16 x 8 (rows are queries), each with DMAX / 4 / COLL vectors of
-/// 4 d's of its rows of O or dQ. dK/dV lanes are 8 x 16 for the [query][key] block, and
-/// (BC / 4) x (DMAX / 4) for the [key][d] accumulators: a run of 4 keys by a vector of 4 d's
-/// each, so BC * DMAX = 2048 (BC 64 at DMAX 32).
 /// At DMAX 64 (GPT-2's head dim) dQ and dK/dV take the candidates that ran fastest in the
 /// 8 x 512 f32 step on an H100 (`candidate_tiles` swept with `WGRAD_ATTN_F32_TILE`, 2026-11-25,
 /// PROFILING.md): dQ 24x16/8x16 (2.31 ms a step against 2.83 for 32x16/16x8) and dK/dV
-/// 16x16/8x16 (3.01 against 3.46 for 16x32/8x16), 23.9 and 20.1 KiB: two workgroups a core
-/// where the larger tiles ran one. The other head dims keep the largest tiles under 32 KiB
-/// (not measured).
+/// 16x16/8x16 (3.01 against 3.46 for 16x32/8x16; two lanes share each run of 4 keys by vector
+/// of 4 d's), 23.9 and 20.1 KiB: two workgroups a core where the larger tiles ran one. The
+/// other tiles are the largest (BR first: it is the reuse of the staged keys) under 32 KiB,
+/// not measured against the candidates: forward and dQ lanes 16 x 8 (rows are queries),
+/// dK/dV lanes 8 x 16 with BC * DMAX = 2048 (one (run, vector) pair a lane).
 pub fn tile(pass: Pass, dmax: u32) -> Tile {
     let (br, bc, rowl, coll) = match (pass, dmax) {
         (Pass::Forward, 128) => (32, 16, 16, 8),

@@ -491,6 +491,10 @@ impl Arr {
     }
 }
 
+/// Tolerance of a fused attention against the unfused reference (both f32):
+/// |fused - unfused| / max(|unfused|, 1).
+pub const FUSED_VS_UNFUSED: f64 = 1e-4;
+
 /// sum(out * w) and the gradients of the leaves `ins`, from `f` (a fused op or its
 /// reference).
 pub fn loss_grads(
