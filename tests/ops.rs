@@ -985,6 +985,65 @@ fn check_matmul(
     );
 }
 
+/// The worst per-row relative error of C (`||c_r - want_r|| / ||want_r||`), every element
+/// finite.
+fn worst_row_error(c: &Tensor, want: &Arr) -> f64 {
+    let got = c.to_vec().unwrap();
+    assert!(got.iter().all(|g| g.is_finite()), "a non-finite element");
+    let n = want.shape[1];
+    got.chunks(n)
+        .zip(want.data.chunks(n))
+        .map(|(g, w)| {
+            let diff: f64 = g.iter().zip(w).map(|(&g, w)| (g as f64 - w).powi(2)).sum();
+            let norm: f64 = w.iter().map(|w| w * w).sum();
+            (diff / norm).sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// f32 products keep f32's precision at any magnitude: operands of 2^-40 to 2^30, A's rows
+/// alternating between its largest magnitude and 2^-12 of it, B stored or transposed, K up to
+/// 3000 (split into ranges), the bias epilogue. Each row of C within 2e-5 of f64 (f32's
+/// rounding over K = 3000 reaches about 3e-6; one f16 product about 3e-4). On an adapter
+/// with cooperative matrices these are X3 products (three f16 products of each operand's
+/// scaled high and low parts), which must stay as close (`WGRAD_F32_MATMUL=tiled` runs the
+/// tiled kernel instead); the errors are printed (`--nocapture`) to compare the two.
+#[test]
+fn f32_products_keep_f32_precision_at_any_magnitude() {
+    let d = dev();
+    let mut rng = rng("f32 precision");
+    for (m, k, n, sa, sb, tb) in [
+        (130, 257, 70, -40, 30, false),
+        (64, 1024, 96, 20, -60, true),
+        (33, 3000, 17, 0, 0, false),
+        (256, 768, 256, -10, -5, true),
+    ] {
+        let a = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
+        let a = Arr::build(&[m, k], |i| {
+            a.at(i) * 2f64.powi(sa - 12 * (i[0] % 2) as i32)
+        });
+        let b = Arr::rand(&mut rng, &[k, n], -1.0, 1.0).map(|x| x * 2f64.powi(sb));
+        let bias = Arr::rand(&mut rng, &[n], -1.0, 1.0).map(|x| x * 2f64.powi(sa + sb));
+        let x = a.upload(d);
+        let y = if tb {
+            b.t().upload(d).t().unwrap()
+        } else {
+            b.upload(d)
+        };
+        let what = format!("f32 product {m}x{k}x{n}, A 2^{sa}, B 2^{sb}, B transposed {tb}");
+        let plain = worst_row_error(&x.matmul(&y).unwrap(), &a.matmul(&b));
+        let want = a.matmul(&b).zip(&bias.broadcast_to(&[m, n]), |p, q| p + q);
+        let biased = worst_row_error(
+            &x.linear(&y, Some(&bias.upload(d)), wgrad::ops::Activation::None)
+                .unwrap(),
+            &want,
+        );
+        println!("{what}: worst row error {plain:.3e}, with the bias {biased:.3e}");
+        assert!(plain < 2e-5, "{what}: worst row error {plain:.3e}");
+        assert!(biased < 2e-5, "{what} + bias: worst row error {biased:.3e}");
+    }
+}
+
 const MATMUL_SIZES: [(usize, usize, usize); 5] = [
     (1, 1, 1),
     (7, 5, 3),

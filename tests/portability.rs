@@ -225,7 +225,8 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
             + 4 * 2 * 2 * (6 + 3 * 4)
             + 3 * 3
             + 1
-            + 2),
+            + 2
+            + 4 * (2 * 4 * 4 + 4)),
         "variants: 2 fragment sizes x (matmul: 4 tiles x (acc x 3 epilogues (plain, bias, bias + \
          GELU), and bias + residual not accumulating into an f32 C: the accesses of the 4 type \
          sets with an f32 C) x the operand \
@@ -233,7 +234,9 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
          f32 x f32, and three with one of each), and direct stores: 4 tiles x acc x plain and bias x \
          the accesses of the 4 type sets with an f32 C (A's and B's ways paired in order); \
          attention: 3 head dims x 3 (the forward, the backward adding into its outputs or not), and \
-         its D; 2 roofs)"
+         its D; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
+         paired accesses of f32 operands x (3 epilogues and column sums), and the residual not \
+         accumulating))"
     );
 }
 

@@ -28,11 +28,18 @@
 // The epilogue goes through an FS x FS f32 scratch tile per subgroup: the subgroup stores one
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
 // f16) through its strides with bounds checks.
+// X3 (f32 operands on the tensor cores): each f32 element x, scaled by its operand's power of
+// two s (the largest |x| of the operand to just under 2^14: `scales_init`, from the partial
+// maxima the absmax kernel wrote to the `scales` binding at p.scale_off), is stored as its f16
+// high part h = f16(s x) and its low part l = f16(s x - h), into a second copy of each tile
+// (PARTS 2); every fragment pair multiplies three times, A_l B_h + A_h B_l + A_h B_h (the
+// dropped A_l B_l is 2^-22 of a term), and the epilogue reads the accumulators times 1 / (s_A
+// s_B). A's ones row stays 1 (unscaled), so the sums row is multiplied back by s_A.
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // A_ONES: A's last row is not read but taken as ones (the launcher checks M - 1 is a multiple
 // of 8), so C's last row is the column sums of B; matmul_coop_sums stores it to `pre` at
 // bias_off (a linear's bias gradient beside dW = x^T dz; split, the partials keep it).
-// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES; types
+// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES; types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C); snippets TILE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
@@ -60,7 +67,7 @@ struct Params {
     bias_off: u32,
     k_split: u32,
     res_off: u32,
-    _pad2: u32,
+    scale_off: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -89,8 +96,15 @@ const UB: u32 = BK * BN / 8u / WG;
 // stored into the other stage while this one multiplies, one barrier a step.
 const A_TILE: u32 = select(BK, BM, A_MK) * AS;
 const B_TILE: u32 = select(BN, BK, B_UN) * BS;
-var<workgroup> a_sh: array<SHT, STAGES * A_TILE / SHW>;
-var<workgroup> b_sh: array<SHT, STAGES * B_TILE / SHW>;
+// With X3 (PARTS 2) the low parts' stages follow the high parts': stage STAGES + s.
+var<workgroup> a_sh: array<SHT, PARTS * STAGES * A_TILE / SHW>;
+var<workgroup> b_sh: array<SHT, PARTS * STAGES * B_TILE / SHW>;
+
+// X3: the operands' scales and their inverses (`scales_init`, generated); 1 otherwise.
+var<private> sc_a: f32 = 1.0;
+var<private> sc_b: f32 = 1.0;
+var<private> inv_a: f32 = 1.0;
+var<private> inv_b: f32 = 1.0;
 
 // The K range of this workgroup: all of K; or, split (k_split > 0, batch 1: z numbers the
 // ranges, and C holds one partial product per range, c_bs apart),
@@ -272,14 +286,20 @@ fn epi_c(l: EpiLane, q: u32) -> u32 {
     return l.o + q * EPI_ROWS * p.c_ms;
 }
 
-// The lane's q-th element in subgroup sg's spilled fragment.
-fn epi_sh(sg: u32, lane: u32, q: u32) -> f32 {
-    return c_sh[sg * FE + lane + q * SGS];
+// The lane's q-th element in subgroup sg's spilled fragment; X3: unscaled (A's ones row,
+// taken unscaled, times s_A).
+fn epi_sh(l: EpiLane, sg: u32, lane: u32, q: u32) -> f32 {
+    let v = c_sh[sg * FE + lane + q * SGS] * inv_a * inv_b;
+    if (A_ONES) {
+        return select(v, v * sc_a, epi_row(l, q) == p.m - 1u);
+    }
+    return v;
 }
 
 @compute @workgroup_size(WG)
 fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    scales_init(lane);
     // C_DIRECT (f32 C with unit column stride, 16-byte aligned rows): a tile inside C starts
     // its accumulators from C (ACC) and stores them straight to it, no scratch, no barrier.
     // (Computed here: naga takes the entry point's workgroup id as uniform, and cooperative
@@ -301,7 +321,7 @@ fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
         let l = epi_lane(wid, sg, f, lane);
         for (var q = 0u; q < EPI_STEPS; q++) {
             if (l.gn < p.n && epi_row(l, q) < p.m) {
-                store_c(epi_c(l, q), epi_sh(sg, lane, q));
+                store_c(epi_c(l, q), epi_sh(l, sg, lane, q));
             }
         }
         workgroupBarrier();
@@ -313,6 +333,7 @@ fn matmul_coop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
 @compute @workgroup_size(WG)
 fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    scales_init(lane);
     let direct = C_DIRECT && !ACC && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
     if (direct) {
         bias_acc(wid, sg, lane);
@@ -332,7 +353,7 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
             let b = bias[p.bias_off + l.gn];
             for (var q = 0u; q < EPI_STEPS; q++) {
                 if (epi_row(l, q) < p.m) {
-                    store_c(epi_c(l, q), epi_sh(sg, lane, q) + b);
+                    store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b);
                 }
             }
         }
@@ -346,6 +367,7 @@ fn matmul_coop_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 @compute @workgroup_size(WG)
 fn matmul_coop_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    scales_init(lane);
     zero_acc();
     product(wid, lid, sg);
     for (var f = 0u; f < FRAGS; f++) {
@@ -357,7 +379,7 @@ fn matmul_coop_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
             for (var q = 0u; q < EPI_STEPS; q++) {
                 let gm = epi_row(l, q);
                 if (gm < p.m) {
-                    store_c(epi_c(l, q), epi_sh(sg, lane, q) + b + pre[p.res_off + gm * p.n + l.gn]);
+                    store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b + pre[p.res_off + gm * p.n + l.gn]);
                 }
             }
         }
@@ -372,6 +394,7 @@ fn matmul_coop_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_in
 @compute @workgroup_size(WG)
 fn matmul_coop_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    scales_init(lane);
     let direct = C_DIRECT && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
     if (direct && ACC) {
         load_acc(wid, sg);
@@ -389,7 +412,7 @@ fn matmul_coop_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
         let l = epi_lane(wid, sg, f, lane);
         for (var q = 0u; q < EPI_STEPS; q++) {
             let gm = epi_row(l, q);
-            let v = epi_sh(sg, lane, q);
+            let v = epi_sh(l, sg, lane, q);
             if (gm == p.m - 1u && l.gn < p.n && p.k_split == 0u) {
                 let o = p.bias_off + l.gn;
                 pre[o] = select(v, pre[o] + v, ACC);
@@ -405,6 +428,8 @@ fn matmul_coop_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 @compute @workgroup_size(WG)
 fn matmul_coop_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                     @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    scales_init(lane);
+    scales_init(lane);
     zero_acc();
     product(wid, lid, sg);
     for (var f = 0u; f < FRAGS; f++) {
@@ -416,7 +441,7 @@ fn matmul_coop_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_i
             for (var q = 0u; q < EPI_STEPS; q++) {
                 let gm = epi_row(l, q);
                 if (gm < p.m) {
-                    let z = epi_sh(sg, lane, q) + b;
+                    let z = epi_sh(l, sg, lane, q) + b;
                     pre[(wid.z * p.m + gm) * p.n + l.gn] = z;
                     let k = 0.7978845608028654; // sqrt(2 / pi)
                     let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));

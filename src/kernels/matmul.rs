@@ -37,7 +37,9 @@ pub struct MatmulParams {
     pub k_split: u32,
     /// Where the residual starts (`matmul_bias_res`, `matmul_coop_bias_res`).
     pub res_off: u32,
-    pub _pad: u32,
+    /// Where the operands' partial maxima start in the `scales` binding (the cooperative-matrix
+    /// kernel's X3 products; unused elsewhere).
+    pub scale_off: u32,
 }
 
 pub static MATMUL: KernelDesc = KernelDesc {

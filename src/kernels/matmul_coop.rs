@@ -62,6 +62,36 @@ pub static MATMUL_COOP_BIAS_GELU: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
+/// The storage bindings of the X3 entry points (f32 operands as three f16 products): those of
+/// `C_A_B_BIAS_OUT`, then the operands' partial maxima (`absmax`), read.
+const X3_STORAGE: &[Access] = &[
+    Access::ReadWrite,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+    Access::ReadWrite,
+    Access::Read,
+];
+
+const fn x3_desc(name: &'static str) -> KernelDesc {
+    KernelDesc {
+        name,
+        family: &FAMILY,
+        storage: X3_STORAGE,
+        params_size: std::mem::size_of::<MatmulParams>() as u64,
+    }
+}
+
+/// The five entry points over f32 operands as high and low f16 parts (X3 in the WGSL), in the
+/// order of the launcher's kernel lists: plain, bias, bias + GELU, column sums, bias +
+/// residual. Bindings 4 and 5 are bound (to buffers the dispatch binds anyway) where the entry
+/// point does not read them.
+pub static MATMUL_COOP_X3: KernelDesc = x3_desc("matmul_coop");
+pub static MATMUL_COOP_X3_BIAS: KernelDesc = x3_desc("matmul_coop_bias");
+pub static MATMUL_COOP_X3_BIAS_GELU: KernelDesc = x3_desc("matmul_coop_bias_gelu");
+pub static MATMUL_COOP_X3_SUMS: KernelDesc = x3_desc("matmul_coop_sums");
+pub static MATMUL_COOP_X3_BIAS_RES: KernelDesc = x3_desc("matmul_coop_bias_res");
+
 /// What the adapter offers: square f16 x f16 -> f32 fragments of `fs`, subgroups of `sgs`
 /// lanes (one size: the workgroup is a whole number of subgroups), and whether cooperative
 /// loads may read tiles of 16-byte words (`words`: Vulkan) or only of f16 (Metal).
@@ -160,17 +190,20 @@ impl CoopTile {
     }
 
     /// Workgroup memory at most (the larger of the two layouts of each tile, rows padded by 8
-    /// halves) plus an f32 scratch fragment per subgroup.
-    pub fn workgroup_bytes(&self, fs: u32) -> u32 {
+    /// halves; with `x3` each tile twice, high and low parts) plus an f32 scratch fragment per
+    /// subgroup.
+    pub fn workgroup_bytes(&self, fs: u32, x3: bool) -> u32 {
         let (bm, bn, bk) = (self.bm(fs), self.bn(fs), self.bk);
         let a = (bm * (bk + 8)).max(bk * (bm + 8));
         let b = (bk * (bn + 8)).max(bn * (bk + 8));
-        2 * self.stages * (a + b) + 4 * fs * fs * self.sg_m * self.sg_n
+        let parts = 1 + x3 as u32;
+        2 * parts * self.stages * (a + b) + 4 * fs * fs * self.sg_m * self.sg_n
     }
 
     /// Whether the kernel can run this tile on `coop`: every lane fetches whole units (8
-    /// elements) of both tiles, K steps are whole fragments, and it fits the workgroup memory.
-    pub fn valid(&self, coop: Coop, max_workgroup_bytes: u32) -> bool {
+    /// elements) of both tiles, K steps are whole fragments, and it fits the workgroup memory
+    /// (with `x3`, its tiles twice).
+    pub fn valid(&self, coop: Coop, max_workgroup_bytes: u32, x3: bool) -> bool {
         let units_a = self.bm(coop.fs) * self.bk / 8;
         let units_b = self.bk * self.bn(coop.fs) / 8;
         let lanes = self.lanes(coop.sgs);
@@ -178,7 +211,7 @@ impl CoopTile {
             && (1..=2).contains(&self.stages)
             && units_a.is_multiple_of(lanes)
             && units_b.is_multiple_of(lanes)
-            && self.workgroup_bytes(coop.fs) <= max_workgroup_bytes
+            && self.workgroup_bytes(coop.fs, x3) <= max_workgroup_bytes
     }
 
     /// As `WGRAD_COOP_TILE` takes it: `SG_MxSG_N/FMxFN/BK`, then `/2` for two stages.
@@ -277,23 +310,37 @@ pub const SEARCH_TILES: [CoopTile; 20] = [
     tile(2, 2, 2, 2, 64, 2),
 ];
 
-/// The largest default tile that still gives the GPU at least 128 workgroups (and fits
-/// `max_workgroup_bytes`); `WGRAD_COOP_TILE` forces one.
+/// The default tiles of X3 products (f32 operands as high and low f16 parts), largest first:
+/// a unit in flight holds 8 f32 elements, twice an f16 unit's registers, and each fragment
+/// pair is loaded twice, so a subgroup owns 8 accumulators, not 16 (at 4096³ on an H100,
+/// 2026-11-26: 4x2/2x4/32 87.7 TFLOP/s counting the f32 product's flops, 2x4/4x2/32 86.9,
+/// 2x2/4x4/32 73.8, 2x2/2x4/32 62.7).
+pub const X3_TILES: [CoopTile; 4] = [
+    tile(4, 2, 2, 4, 32, 1),
+    tile(2, 2, 2, 4, 32, 1),
+    tile(2, 2, 2, 2, 32, 1),
+    tile(1, 1, 2, 2, 32, 1),
+];
+
+/// The largest default tile (`X3_TILES` for `x3`, else `COOP_TILES`) that still gives the GPU
+/// at least 128 workgroups (and fits `max_workgroup_bytes`); `WGRAD_COOP_TILE` forces one.
 pub fn choose_tile(
     m: usize,
     n: usize,
     batch: usize,
     coop: Coop,
     max_workgroup_bytes: u32,
+    x3: bool,
 ) -> CoopTile {
-    if let Some(t) = forced_tile().filter(|t| t.valid(coop, max_workgroup_bytes)) {
+    if let Some(t) = forced_tile().filter(|t| t.valid(coop, max_workgroup_bytes, x3)) {
         return t;
     }
     const MIN_GROUPS: usize = 128;
-    let fits: Vec<CoopTile> = COOP_TILES
+    let defaults: &[CoopTile] = if x3 { &X3_TILES } else { &COOP_TILES };
+    let fits: Vec<CoopTile> = defaults
         .iter()
         .copied()
-        .filter(|t| t.valid(coop, max_workgroup_bytes))
+        .filter(|t| t.valid(coop, max_workgroup_bytes, x3))
         .collect();
     let groups = |t: &CoopTile| {
         m.div_ceil(t.bm(coop.fs) as usize) * n.div_ceil(t.bn(coop.fs) as usize) * batch
@@ -303,7 +350,7 @@ pub fn choose_tile(
             return *t;
         }
     }
-    *fits.last().unwrap_or(&COOP_TILES[COOP_TILES.len() - 1])
+    *fits.last().unwrap_or(&defaults[defaults.len() - 1])
 }
 
 /// A tile forced by `WGRAD_COOP_TILE` (`SG_MxSG_N/FMxFN[/BK]`, e.g. `2x4/4x2/32`), for
@@ -353,10 +400,13 @@ pub fn spec(
     (a, b): (OperandAccess, OperandAccess),
     c_direct: bool,
 ) -> Spec {
-    spec_ones(t, acc, types, coop, (a, b), c_direct, false)
+    spec_ones(t, acc, types, coop, (a, b), c_direct, false, false)
 }
 
-/// `spec`, with A's last row taken as ones where `ones` (A_ONES in the WGSL).
+/// `spec`, with A's last row taken as ones where `ones` (A_ONES in the WGSL), and, with `x3`,
+/// f32 operands multiplied as their high and low f16 parts (X3: the `MATMUL_COOP_X3*`
+/// entry points, f32 A and B, no direct stores).
+#[allow(clippy::too_many_arguments)]
 pub fn spec_ones(
     t: CoopTile,
     acc: bool,
@@ -365,12 +415,16 @@ pub fn spec_ones(
     (a, b): (OperandAccess, OperandAccess),
     c_direct: bool,
     ones: bool,
+    x3: bool,
 ) -> Spec {
     coop.with_fragments(Spec::new())
         .ty("TC", types.c.wgsl())
         .ty("AV", vec4_of(types.a, a.wide))
         .ty("AV_B", vec4_of(types.b, b.wide))
-        .source("READ", read_source((types.a, a.wide), (types.b, b.wide)))
+        .source(
+            "READ",
+            read_source((types.a, a.wide), (types.b, b.wide), x3),
+        )
         .u32("FS", coop.fs)
         .u32("SGS", coop.sgs)
         .u32("SG_M", t.sg_m)
@@ -379,33 +433,34 @@ pub fn spec_ones(
         .u32("FN", t.fn_)
         .u32("BK", t.bk)
         .u32("STAGES", t.stages)
+        .u32("PARTS", 1 + x3 as u32)
         .bool("A_UK", a.along_cols)
         .bool("B_UN", b.along_cols)
         .bool("A_VEC", a.vec)
         .bool("B_VEC", b.vec)
         .bool("A_WIDE", a.wide)
         .bool("B_WIDE", b.wide)
-        .bool("C_DIRECT", c_direct)
+        .bool("C_DIRECT", c_direct && !x3)
         .bool("ACC", acc)
         .bool("A_ONES", ones)
         .bool("B_ONES", false)
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
-        .source("UNROLLED", generated(t, coop, c_direct))
+        .source("UNROLLED", generated(t, coop, c_direct && !x3, x3))
 }
 
 /// The part of the kernel generated per tile shape: FM x FN accumulators and the UA + UB
 /// units a lane keeps in flight, as separate variables, with every loop over them unrolled
 /// (a loop the shader compiler keeps would index them at run time and push them out of
 /// registers). Generated once per shape and kept for the process.
-fn generated(t: CoopTile, coop: Coop, c_direct: bool) -> &'static str {
+fn generated(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> &'static str {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    type Key = (CoopTile, u32, u32, bool);
+    type Key = (CoopTile, u32, u32, bool, bool);
     static CACHE: Mutex<BTreeMap<Key, &'static str>> = Mutex::new(BTreeMap::new());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     cache
-        .entry((t, coop.fs, coop.sgs, c_direct))
-        .or_insert_with(|| Box::leak(unrolled_source(t, coop, c_direct).into_boxed_str()))
+        .entry((t, coop.fs, coop.sgs, c_direct, x3))
+        .or_insert_with(|| Box::leak(unrolled_source(t, coop, c_direct, x3).into_boxed_str()))
 }
 
 /// The READ snippet: for each operand x = a, b, `UnitX` (a unit as loaded, in f16), `unit_x(i,
@@ -413,17 +468,96 @@ fn generated(t: CoopTile, coop: Coop, c_direct: bool) -> &'static str {
 /// for the operand's element type and binding: vectors of 4, or (`wide` f16) mat2x4<f16>. With
 /// A_VEC / B_VEC a unit is one or two vector loads, else 8 gathered elements. Generated once per
 /// combination and kept for the process.
-fn read_source(a: (DType, bool), b: (DType, bool)) -> &'static str {
+///
+/// With `x3` (f32 operands) a unit stays f32 until its store, where `half_x` gives its scaled
+/// high part and `low_x` its low part.
+fn read_source(a: (DType, bool), b: (DType, bool), x3: bool) -> &'static str {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    type Key = (bool, bool, bool, bool);
+    type Key = (bool, bool, bool, bool, bool);
     static CACHE: Mutex<BTreeMap<Key, &'static str>> = Mutex::new(BTreeMap::new());
-    let key = (a.0 == DType::F16, a.1, b.0 == DType::F16, b.1);
+    let key = (a.0 == DType::F16, a.1, b.0 == DType::F16, b.1, x3);
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     cache.entry(key).or_insert_with(|| {
-        let text = operand_source("a", "A", a) + &operand_source("b", "B", b);
+        let text = if x3 {
+            x3_operand_source("a", "A") + &x3_operand_source("b", "B")
+        } else {
+            operand_source("a", "A", a) + &operand_source("b", "B", b)
+        };
         Box::leak(text.into_boxed_str())
     })
+}
+
+/// The READ snippet's part for f32 operand x of an X3 product: units loaded as f32 (two vector
+/// loads, or 8 gathered elements), masked and scaled by `sc_x` at the store, then split into
+/// the high part (`half_x`: the f32 value with its 13 lowest mantissa bits cleared, 11
+/// significant bits, which f16 holds exactly) and the f16 rounding of what it leaves
+/// (`low_x`). The high part is found by masking bits, not as f32(f16(x)): NVIDIA's compiler
+/// folds that round trip to x (an H100 measured every low part 0, and f16 errors, 2026-11-26).
+/// A unit of ones (A_ONES) is not scaled: its high part is 1, its low part 0.
+fn x3_operand_source(x: &str, up: &str) -> String {
+    let high = if x == "a" {
+        "// The high part of x: its sign, exponent and 10 highest mantissa bits.
+fn high_part(v: vec4<f32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) & vec4<u32>(0xffffe000u));
+}
+
+"
+    } else {
+        ""
+    };
+    high.to_string()
+        + &format!(
+        "// {up}: f32 elements in vectors of 4, split into f16 high and low parts at the store.
+struct Unit{up} {{
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+    nv: u32,
+}}
+
+fn elem_{x}(e: u32) -> f32 {{
+    return {x}[e >> 2u][e & 3u];
+}}
+
+fn unit_{x}(i: u32, st: u32, nv: u32) -> Unit{up} {{
+    var u: Unit{up};
+    u.nv = nv;
+    let first = select(0u, i, nv > 0u);
+    if ({up}_VEC) {{
+        u.lo = {x}[first >> 2u];
+        u.hi = {x}[(first >> 2u) + 1u];
+    }} else {{
+        let j = vec4<u32>(0u, 1u, 2u, 3u);
+        let lo = select(vec4<u32>(), vec4<u32>(i) + j * st, j < vec4<u32>(nv));
+        let hi = select(vec4<u32>(), vec4<u32>(i) + (j + 4u) * st, j + 4u < vec4<u32>(nv));
+        u.lo = vec4<f32>(elem_{x}(lo.x), elem_{x}(lo.y), elem_{x}(lo.z), elem_{x}(lo.w));
+        u.hi = vec4<f32>(elem_{x}(hi.x), elem_{x}(hi.y), elem_{x}(hi.z), elem_{x}(hi.w));
+    }}
+    return u;
+}}
+
+// The unit masked to nv and scaled (ones, nv + 16, unscaled).
+fn scaled_{x}(u: Unit{up}) -> Unit{up} {{
+    let j = vec4<u32>(0u, 1u, 2u, 3u);
+    let one = vec4<bool>({up}_ONES && u.nv >= 16u);
+    let nv = vec4<u32>(u.nv & 15u);
+    var s: Unit{up};
+    s.lo = select(select(vec4<f32>(), u.lo * sc_{x}, j < nv), vec4<f32>(1.0), one & (j < nv));
+    s.hi = select(select(vec4<f32>(), u.hi * sc_{x}, j + 4u < nv), vec4<f32>(1.0), one & (j + 4u < nv));
+    return s;
+}}
+
+fn half_{x}(u: Unit{up}) -> Unit {{
+    let s = scaled_{x}(u);
+    return Unit(vec4<f16>(high_part(s.lo)), vec4<f16>(high_part(s.hi)));
+}}
+
+fn low_{x}(u: Unit{up}) -> Unit {{
+    let s = scaled_{x}(u);
+    return Unit(vec4<f16>(s.lo - high_part(s.lo)), vec4<f16>(s.hi - high_part(s.hi)));
+}}
+"
+    )
 }
 
 fn operand_source(x: &str, up: &str, (dtype, wide): (DType, bool)) -> String {
@@ -504,7 +638,7 @@ fn half_{x}(u: Unit{up}) -> Unit {{
 /// workgroup barriers), `noprefetch` (a step's units loaded and stored before its multiply
 /// rather than during the previous one). What is left runs as it would, so the time of a
 /// part is the difference (PROFILING.md).
-fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
+fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String {
     use std::fmt::Write as _;
     let ablate = std::env::var("WGRAD_COOP_ABLATE").unwrap_or_default();
     let off = |what: &str| ablate.split(',').any(|a| a == what);
@@ -552,9 +686,15 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
     let _ = writeln!(w, "}}\n\nfn store_units(lid: u32, stage: u32) {{");
     for j in 0..if off("nostore") { 0 } else { ua } {
         let _ = writeln!(w, "    store_a(lid, {j}u, ua{j}, stage);");
+        if x3 {
+            let _ = writeln!(w, "    store_a_low(lid, {j}u, ua{j}, stage);");
+        }
     }
     for j in 0..if off("nostore") { 0 } else { ub } {
         let _ = writeln!(w, "    store_b(lid, {j}u, ub{j}, stage);");
+        if x3 {
+            let _ = writeln!(w, "    store_b_low(lid, {j}u, ub{j}, stage);");
+        }
     }
     let _ = writeln!(
         w,
@@ -568,14 +708,34 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
                 w,
                 "        let b{j} = frag_b({k0}u, (sn * FN + {j}u) * FS, stage);"
             );
+            if x3 {
+                let _ = writeln!(
+                    w,
+                    "        let bl{j} = frag_b({k0}u, (sn * FN + {j}u) * FS, STAGES + stage);"
+                );
+            }
         }
         for i in 0..fm {
             let _ = writeln!(
                 w,
                 "        let a{i} = frag_a((sm * FM + {i}u) * FS, {k0}u, stage);"
             );
+            if x3 {
+                let _ = writeln!(
+                    w,
+                    "        let al{i} = frag_a((sm * FM + {i}u) * FS, {k0}u, STAGES + stage);"
+                );
+            }
             for j in 0..fn_ {
                 let f = i * fn_ + j;
+                if x3 {
+                    // The small terms first.
+                    let _ = writeln!(
+                        w,
+                        "        acc{f} = coopMultiplyAdd(al{i}, b{j}, acc{f});\n\
+                         \x20       acc{f} = coopMultiplyAdd(a{i}, bl{j}, acc{f});"
+                    );
+                }
                 let _ = writeln!(w, "        acc{f} = coopMultiplyAdd(a{i}, b{j}, acc{f});");
             }
         }
@@ -717,10 +877,57 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool) -> String {
         }
     }
     let _ = writeln!(w, "}}");
+    write_x3_parts(w, x3);
     if off("nobarrier") {
         s = s.replace("workgroupBarrier();", "");
     }
     s
+}
+
+/// The generated snippet's X3 part: the `scales` binding, `scales_init` (each subgroup takes
+/// the largest of the absmax kernel's partial maxima of A and of B: the largest |x| lies under
+/// 2^(e + 1), so 2^(13 - e) scales it under 2^14, clear of f16's largest, 65504, and its low
+/// part clear of f16's smallest normal for elements down to 2^-17 of it), and the stores of the
+/// low parts. Without X3, an empty `scales_init`.
+fn write_x3_parts(w: &mut String, x3: bool) {
+    use std::fmt::Write as _;
+    if !x3 {
+        let _ = writeln!(w, "\nfn scales_init(lane: u32) {{}}");
+        return;
+    }
+    let _ = write!(
+        w,
+        "
+@group(0) @binding(6) var<storage, read> scales: array<u32>;
+const SCALE_PARTS: u32 = {parts}u;
+
+fn scales_init(lane: u32) {{
+    var ma = 0u;
+    var mb = 0u;
+    for (var i = lane; i < SCALE_PARTS; i += SGS) {{
+        ma = max(ma, scales[p.scale_off + i]);
+        mb = max(mb, scales[p.scale_off + SCALE_PARTS + i]);
+    }}
+    let ea = clamp(i32(subgroupMax(ma) >> 23u) - 127, -110, 110);
+    let eb = clamp(i32(subgroupMax(mb) >> 23u) - 127, -110, 110);
+    sc_a = ldexp(1.0, 13 - ea);
+    sc_b = ldexp(1.0, 13 - eb);
+    inv_a = ldexp(1.0, ea - 13);
+    inv_b = ldexp(1.0, eb - 13);
+}}
+
+fn store_a_low(lid: u32, j: u32, u: UnitA, stage: u32) {{
+    let t = lid + j * WG;
+    put_a((STAGES + stage) * A_TILE + (t / A_UNITS) * AS + (t % A_UNITS) * 8u, low_a(u));
+}}
+
+fn store_b_low(lid: u32, j: u32, u: UnitB, stage: u32) {{
+    let t = lid + j * WG;
+    put_b((STAGES + stage) * B_TILE + (t / B_UNITS) * BS + (t % B_UNITS) * 8u, low_b(u));
+}}
+",
+        parts = super::absmax::PARTS
+    );
 }
 
 /// The vector an operand is bound as: 4 elements, or (`wide` f16) 8 halves in one 16-byte
@@ -761,7 +968,7 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
         for t in COOP_TILES
             .into_iter()
             .chain([tile(2, 4, 4, 2, 32, 2)])
-            .filter(|t| t.valid(coop, max_workgroup_bytes))
+            .filter(|t| t.valid(coop, max_workgroup_bytes, false))
         {
             for acc in [false, true] {
                 for &a in &a_ways {
@@ -784,6 +991,52 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                             v.push((kernel, spec(t, acc, ty, coop, (a, b), true)));
                         }
                     }
+                }
+            }
+        }
+    }
+    v.extend(x3_variants(coop, max_workgroup_bytes));
+    v
+}
+
+/// The X3 variants (f32 operands and C): each default X3 tile, accumulate or not, the four
+/// ways of reading an f32 operand (A's and B's paired in order), each epilogue, column sums
+/// (A_ONES) and, not accumulating, the residual.
+fn x3_variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
+    let ty = Types {
+        a: DType::F32,
+        b: DType::F32,
+        c: DType::F32,
+        half: false,
+    };
+    let ways: Vec<OperandAccess> = [false, true]
+        .into_iter()
+        .flat_map(|along_cols| {
+            [false, true].map(|vec| OperandAccess {
+                along_cols,
+                vec,
+                wide: false,
+            })
+        })
+        .collect();
+    let mut v = Vec::new();
+    for t in X3_TILES
+        .into_iter()
+        .filter(|t| t.valid(coop, max_workgroup_bytes, true))
+    {
+        for acc in [false, true] {
+            for (&a, &b) in ways.iter().zip(ways.iter().rev()) {
+                let spec = |ones| spec_ones(t, acc, ty, coop, (a, b), false, ones, true);
+                for kernel in [
+                    &MATMUL_COOP_X3,
+                    &MATMUL_COOP_X3_BIAS,
+                    &MATMUL_COOP_X3_BIAS_GELU,
+                ] {
+                    v.push((kernel, spec(false)));
+                }
+                v.push((&MATMUL_COOP_X3_SUMS, spec(true)));
+                if !acc {
+                    v.push((&MATMUL_COOP_X3_BIAS_RES, spec(false)));
                 }
             }
         }
@@ -860,7 +1113,7 @@ mod tests {
     #[test]
     fn search_and_default_tiles_are_valid_on_nvidia() {
         for t in COOP_TILES.iter().chain(&SEARCH_TILES) {
-            assert!(t.valid(Coop::NVIDIA, 49152), "{}", t.name());
+            assert!(t.valid(Coop::NVIDIA, 49152, false), "{}", t.name());
             assert_eq!(CoopTile::parse(&t.name()), Some(*t));
         }
         assert_eq!(CoopTile::parse("2x2/4x4"), Some(COOP_TILES[0]));
@@ -874,7 +1127,7 @@ mod generated_tests {
     #[test]
     fn the_generated_part_names_every_accumulator_and_unit_once() {
         let t = COOP_TILES[0];
-        let src = generated(t, Coop::NVIDIA, true);
+        let src = generated(t, Coop::NVIDIA, true, false);
         let frags = (t.fm * t.fn_) as usize;
         assert_eq!(src.matches("var<private> acc").count(), frags);
         assert_eq!(src.matches("coopStoreT(acc").count(), 2 * frags);
@@ -882,11 +1135,26 @@ mod generated_tests {
         let kf = (t.bk / Coop::NVIDIA.fs) as usize;
         assert_eq!(src.matches("coopMultiplyAdd").count(), frags * kf);
         // Generated once: the same text (address) for the same tile.
-        assert!(std::ptr::eq(src, generated(t, Coop::NVIDIA, true)));
+        assert!(std::ptr::eq(src, generated(t, Coop::NVIDIA, true, false)));
         // Direct stores: one store per accumulator, and a start from C when accumulating.
         assert_eq!(src.matches("coopLoadT<MC>(&c[").count(), frags);
-        let scratch_only = generated(t, Coop::NVIDIA, false);
+        let scratch_only = generated(t, Coop::NVIDIA, false, false);
         assert_eq!(scratch_only.matches("&c[").count(), 0);
+        // X3: three multiply-adds a fragment pair, the low parts from the stages after the
+        // high parts', every unit stored twice, and no direct stores.
+        let t3 = X3_TILES[0];
+        let x3 = generated(t3, Coop::NVIDIA, false, true);
+        let (frags3, kf3) = ((t3.fm * t3.fn_) as usize, (t3.bk / Coop::NVIDIA.fs) as usize);
+        assert_eq!(x3.matches("coopMultiplyAdd").count(), 3 * frags3 * kf3);
+        assert_eq!(
+            x3.matches("STAGES + stage);").count(),
+            (t3.fm + t3.fn_) as usize * kf3
+        );
+        let lanes = t3.lanes(Coop::NVIDIA.sgs);
+        let units = (t3.bm(16) * t3.bk + t3.bk * t3.bn(16)) / 8 / lanes;
+        assert_eq!(x3.matches("_low(lid, ").count(), units as usize);
+        assert_eq!(x3.matches("&c[").count(), 0);
+        assert!(x3.contains("@binding(6)") && !src.contains("@binding(6)"));
         println!("{src}");
     }
 }

@@ -12,6 +12,7 @@
 //! (kernel, specialization), compiled on worker threads from the moment they are first recorded
 //! (`compile`), and can all be compiled ahead with `PipelineCache::warmup`.
 
+pub mod absmax;
 pub mod adamw;
 pub mod attention;
 pub mod attention_coop;
@@ -492,6 +493,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(cross_entropy::variants(f16));
     v.extend(attention::variants());
     v.extend(peak::variants());
+    v.push((&absmax::ABSMAX, absmax::spec()));
     v
 }
 

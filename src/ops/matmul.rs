@@ -4,7 +4,7 @@
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
-use crate::graph::{broadcast_shape, coalesce_joint, DType, Device, Tensor};
+use crate::graph::{broadcast_shape, coalesce_joint, DType, Device, Storage, Tensor};
 use crate::kernels::matmul::{self, MatmulParams};
 use crate::kernels::matmul_coop;
 use crate::kernels::tuning::{self, rows_aligned, ProductKey, TileChoice};
@@ -102,19 +102,39 @@ enum Choice {
     Tiled(matmul::Tile),
 }
 
+/// Whether f32 products run on the tensor cores as three f16 products of their operands' high
+/// and low parts (`matmul_coop`'s X3 variant), where the adapter has cooperative matrices:
+/// unless `WGRAD_F32_MATMUL=tiled` keeps them on the tiled f32 kernel.
+pub fn f32_on_tensor_cores() -> bool {
+    static X3: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *X3.get_or_init(|| std::env::var("WGRAD_F32_MATMUL").map_or(true, |v| v != "tiled"))
+}
+
+/// Whether a product of `key` (f32 operands, not mixed precision) runs as an X3 product on
+/// the adapter's cooperative matrices.
+fn x3(dev: &Device, key: &ProductKey) -> bool {
+    !key.half
+        && !key.a_f16
+        && !key.b_f16
+        && f32_on_tensor_cores()
+        && matmul_coop::Coop::available(dev.gpu()).is_some()
+}
+
 /// The cooperative matrices a product of `key` runs on: the adapter's, for a mixed-precision
-/// product.
+/// product, and for an f32 one as three f16 products (`x3`).
 fn coop_for(dev: &Device, key: &ProductKey) -> Option<matmul_coop::Coop> {
-    matmul_coop::Coop::available(dev.gpu()).filter(|_| key.half)
+    matmul_coop::Coop::available(dev.gpu()).filter(|_| key.half || x3(dev, key))
 }
 
 /// Whether `tile` suits the kernel a product of `key` runs on and fits the adapter.
 fn runs(dev: &Device, key: &ProductKey, tile: TileChoice) -> bool {
     let limits = &dev.gpu().limits;
     match (tile, coop_for(dev, key)) {
-        (TileChoice::Coop(t), Some(coop)) => {
-            t.valid(coop, limits.max_compute_workgroup_storage_size)
-        }
+        (TileChoice::Coop(t), Some(coop)) => t.valid(
+            coop,
+            limits.max_compute_workgroup_storage_size,
+            x3(dev, key),
+        ),
         (TileChoice::Tiled(t), None) => {
             t.workgroup_bytes() <= limits.max_compute_workgroup_storage_size
                 && t.lanes() <= limits.max_compute_invocations_per_workgroup
@@ -133,6 +153,7 @@ pub fn heuristic_tile(dev: &Device, key: &ProductKey) -> TileChoice {
             batch,
             coop,
             dev.gpu().limits.max_compute_workgroup_storage_size,
+            x3(dev, key),
         )),
         None => TileChoice::Tiled(matmul::choose_tile(m, n, batch)),
     }
@@ -168,6 +189,15 @@ fn choose_kernel(dev: &Device, key: &ProductKey) -> Choice {
     }
 }
 
+/// The measured number of K ranges for a product of `key`, where the table's tile for it suits
+/// the kernel it runs on here (a table searched for the tiled f32 kernel does not speak for an
+/// X3 product).
+fn measured_split(dev: &Device, key: &ProductKey) -> Option<u32> {
+    dev.tile_for(key)
+        .filter(|t| runs(dev, key, *t))
+        .and(dev.split_for(key))
+}
+
 /// The most ranges of K an M x N product may split into: its f32 partial products (S, M, N)
 /// fit one storage binding (at least 1).
 pub fn max_splits(dev: &Device, m: usize, n: usize) -> usize {
@@ -179,6 +209,7 @@ pub fn max_splits(dev: &Device, m: usize, n: usize) -> usize {
 /// K ranges, where the tile table holds one).
 pub fn matmul_variant(device: &Device, key: &ProductKey) -> String {
     let kernel = match choose_kernel(device, key) {
+        Choice::Coop(coop, tile) if x3(device, key) => format!("{} x3", tile.describe(coop.fs)),
         Choice::Coop(coop, tile) => tile.describe(coop.fs),
         Choice::Tiled(tile) => format!(
             "tiled {}{}",
@@ -186,7 +217,7 @@ pub fn matmul_variant(device: &Device, key: &ProductKey) -> String {
             if key.half { " f16" } else { "" }
         ),
     };
-    match device.split_for(key) {
+    match measured_split(device, key) {
         Some(s) if !key.gelu && key.batch == 1 => format!("{kernel} split {s}"),
         _ => kernel,
     }
@@ -407,7 +438,7 @@ impl Tensor {
             bias_off: 0,
             k_split: 0,
             res_off: 0,
-            _pad: 0,
+            scale_off: 0,
         };
         let types = matmul::Types {
             a: a.dtype(),
@@ -445,6 +476,7 @@ impl Tensor {
             ..key
         };
         let choice = choose_kernel(dev, &key);
+        let on_x3 = matches!(choice, Choice::Coop(..)) && x3(dev, &key);
         if let Some(sums) = sums {
             if batch != 1 || (matches!(choice, Choice::Coop(..)) && !m.is_multiple_of(8)) {
                 return self.product_and_reduced_sums(other, sums, (&out, acc), out_dtype);
@@ -483,7 +515,7 @@ impl Tensor {
             | Epilogue::BiasResidual { .. }
                 if batch == 1 =>
             {
-                match dev.split_for(&key) {
+                match measured_split(dev, &key) {
                     // Measured (or forced by a search): at most one range a K step.
                     Some(s) => (s as usize).clamp(1, k.div_ceil(bk as usize)),
                     None => matmul::split_k(tiles, k),
@@ -502,6 +534,7 @@ impl Tensor {
         // second output binding), and one dispatch may not use a buffer both ways.
         if let Epilogue::BiasResidual { bias, residual } = epilogue {
             let coop_direct = matches!(choice, Choice::Coop(..))
+                && !x3(dev, &key)
                 && split == 1
                 && stores_direct(out.dtype(), (params.c_off, params.c_ms, params.c_bs), 1);
             let id = residual.storage().buffer_id();
@@ -563,13 +596,23 @@ impl Tensor {
                 );
 
                 (
-                    [
-                        &matmul_coop::MATMUL_COOP,
-                        &matmul_coop::MATMUL_COOP_BIAS,
-                        &matmul_coop::MATMUL_COOP_BIAS_GELU,
-                        &matmul_coop::MATMUL_COOP_SUMS,
-                        &matmul_coop::MATMUL_COOP_BIAS_RES,
-                    ],
+                    if on_x3 {
+                        [
+                            &matmul_coop::MATMUL_COOP_X3,
+                            &matmul_coop::MATMUL_COOP_X3_BIAS,
+                            &matmul_coop::MATMUL_COOP_X3_BIAS_GELU,
+                            &matmul_coop::MATMUL_COOP_X3_SUMS,
+                            &matmul_coop::MATMUL_COOP_X3_BIAS_RES,
+                        ]
+                    } else {
+                        [
+                            &matmul_coop::MATMUL_COOP,
+                            &matmul_coop::MATMUL_COOP_BIAS,
+                            &matmul_coop::MATMUL_COOP_BIAS_GELU,
+                            &matmul_coop::MATMUL_COOP_SUMS,
+                            &matmul_coop::MATMUL_COOP_BIAS_RES,
+                        ]
+                    },
                     matmul_coop::spec_ones(
                         tile,
                         kernel_acc,
@@ -578,6 +621,7 @@ impl Tensor {
                         (a_access, b_access),
                         c_direct,
                         sums.is_some(),
+                        on_x3,
                     ),
                 )
             }
@@ -607,6 +651,18 @@ impl Tensor {
             m: m_run as u32,
             ..params
         };
+        // An X3 product's operands' largest magnitudes first (its sixth binding), and its
+        // bindings 4 and 5 filled where the entry point does not read them.
+        let scales = if on_x3 {
+            Some(record_absmax(dev, (&a, &a_layout), (&b, &b_layout))?)
+        } else {
+            None
+        };
+        let params = MatmulParams {
+            scale_off: scales.as_ref().map_or(0, |s| s.layout().offset as u32),
+            ..params
+        };
+        let bind = |s| x3_bindings(s, scales.as_ref());
         if split > 1 {
             // Ranges a whole number of K steps long (so vector units stay aligned).
             let k_split = k.div_ceil(split).next_multiple_of(bk as usize);
@@ -627,7 +683,7 @@ impl Tensor {
                 kernels[0],
                 &spec,
                 &split_params,
-                &[part.storage(), a.storage(), b.storage()],
+                &bind(vec![part.storage(), a.storage(), b.storage()]),
                 [groups[0], groups[1], splits as u32],
             );
             let sum = matmul::SplitSumParams {
@@ -697,13 +753,13 @@ impl Tensor {
                 kernels[3],
                 &spec,
                 &params,
-                &[
+                &bind(vec![
                     out.storage(),
                     a.storage(),
                     b.storage(),
                     b.storage(),
                     sums.storage(),
-                ],
+                ]),
                 groups,
             );
             return Ok(out);
@@ -714,7 +770,7 @@ impl Tensor {
                     kernels[0],
                     &spec,
                     &params,
-                    &[out.storage(), a.storage(), b.storage()],
+                    &bind(vec![out.storage(), a.storage(), b.storage()]),
                     groups,
                 );
             }
@@ -736,7 +792,7 @@ impl Tensor {
                     }
                     let mut s = storages.to_vec();
                     s.push(pre.storage());
-                    dev.record(kernels[2], &spec, &params, &s, groups);
+                    dev.record(kernels[2], &spec, &params, &bind(s), groups);
                 } else if let Some(residual) = residual {
                     let params = MatmulParams {
                         res_off: residual.layout().offset as u32,
@@ -744,9 +800,9 @@ impl Tensor {
                     };
                     let mut s = storages.to_vec();
                     s.push(residual.storage());
-                    dev.record(kernels[4], &spec, &params, &s, groups);
+                    dev.record(kernels[4], &spec, &params, &bind(s), groups);
                 } else {
-                    dev.record(kernels[1], &spec, &params, &storages, groups);
+                    dev.record(kernels[1], &spec, &params, &bind(storages.to_vec()), groups);
                 }
             }
         }
@@ -754,9 +810,114 @@ impl Tensor {
     }
 }
 
+/// An X3 product's bindings: `s` with bindings 4 and 5 filled, where the entry point does not
+/// read them, by B (read) and C (written), then the partial maxima. Others: `s`.
+fn x3_bindings<'a>(mut s: Vec<&'a Storage>, scales: Option<&'a Tensor>) -> Vec<&'a Storage> {
+    if let Some(scales) = scales {
+        if s.len() < 4 {
+            s.push(s[2]);
+        }
+        if s.len() < 5 {
+            s.push(s[0]);
+        }
+        s.push(scales.storage());
+    }
+    s
+}
+
+/// The partial maxima of |x| over A and over B (`absmax`: 2 x `absmax::PARTS` u32 bits), which
+/// an X3 product reads to scale its operands.
+fn record_absmax(
+    dev: &Device,
+    (a, al): (&Tensor, &matmul::OperandLayout),
+    (b, bl): (&Tensor, &matmul::OperandLayout),
+) -> Result<Tensor> {
+    use crate::kernels::absmax;
+    let parts = absmax::PARTS as usize;
+    let scales = Tensor::uninit(dev, &[2 * parts], DType::U32, "matmul")?;
+    let params = absmax::AbsmaxParams {
+        a: absmax::OperandView::of(al),
+        b: absmax::OperandView::of(bl),
+        out_off: scales.layout().offset as u32,
+        _pad: [0; 3],
+    };
+    dev.record(
+        &absmax::ABSMAX,
+        &absmax::spec(),
+        &params,
+        &[scales.storage(), a.storage(), b.storage()],
+        [absmax::PARTS, 2, 1],
+    );
+    Ok(scales)
+}
+
 /// Whether the cooperative-matrix kernel stores C's tiles straight from its accumulators: an
 /// f32 C with unit column stride (`c_ns`) whose offset, row stride and batch stride are
 /// multiples of 4 (rows on 16 bytes).
 fn stores_direct(c: DType, (c_off, c_ms, c_bs): (u32, u32, u32), c_ns: u32) -> bool {
     c == DType::F32 && c_ns == 1 && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(t: &Tensor, batch: usize, bs: usize) -> matmul::OperandLayout {
+        let r = t.rank();
+        matmul::OperandLayout {
+            dtype: t.dtype(),
+            offset: t.layout().offset,
+            batch_stride: bs,
+            batch,
+            rows: t.shape()[r - 2],
+            row_stride: t.strides()[r - 2],
+            cols: t.shape()[r - 1],
+            col_stride: t.strides()[r - 1],
+            bound_elements: t.storage().bound_bytes() as usize / 4,
+        }
+    }
+
+    /// The largest of the partial maxima is the bits of the largest |x| of each view (not of
+    /// the elements around it), a NaN above everything.
+    #[test]
+    fn absmax_partials_hold_each_views_largest_magnitude() {
+        use crate::kernels::absmax::PARTS;
+        let dev = Device::new().expect("a device (lavapipe without a GPU)");
+        let parts = PARTS as usize;
+        let max_of = |bits: &[u32]| *bits.iter().max().expect("partials");
+        // A narrowed view of a (300, 70) matrix: its largest element outside the view.
+        let mut data: Vec<f32> = (0..300 * 70)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
+            .collect();
+        data[0] = 1e6; // row 0, outside the rows kept
+        data[5 * 70 + 3] = -7.5; // the view's largest magnitude, negative
+        data[299 * 70 + 69] = -1e6; // the last row, outside too
+        let full = Tensor::from_slice(&dev, &data, &[300, 70]).expect("upload");
+        let a = full.narrow(0, 1, 250).and_then(|v| v.narrow(1, 2, 60)).expect("view");
+        // B: a transposed view (columns unit-stride along K), read along its rows.
+        let bdata: Vec<f32> = (0..40 * 33).map(|i| (i as f32).sin() * 1e-6).collect();
+        let b_src = Tensor::from_slice(&dev, &bdata, &[40, 33]).expect("upload");
+        let b = b_src.t().expect("transpose");
+        let want_b = bdata.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let scales = record_absmax(&dev, (&a, &layout(&a, 1, 0)), (&b, &layout(&b, 1, 0)))
+            .expect("absmax");
+        let bits = scales.to_vec_u32().expect("read back");
+        assert_eq!(bits.len(), 2 * parts);
+        assert_eq!(f32::from_bits(max_of(&bits[..parts])), 7.5);
+        assert_eq!(f32::from_bits(max_of(&bits[parts..])), want_b);
+        // A NaN inside the view wins; a batch of 3 views, 2000 rows apart.
+        let mut big = vec![0.25f32; 3 * 2000 * 8];
+        big[2 * 2000 * 8 + 1999 * 8 + 7] = f32::NAN;
+        big[4] = -3.0;
+        let t = Tensor::from_slice(&dev, &big, &[3, 2000, 8]).expect("upload");
+        let l = layout(&t, 3, 2000 * 8);
+        let scales = record_absmax(&dev, (&t, &l), (&t, &l)).expect("absmax");
+        let bits = scales.to_vec_u32().expect("read back");
+        assert!(f32::from_bits(max_of(&bits[..parts])).is_nan());
+        // Only the first batch: 3.
+        let l1 = matmul::OperandLayout { batch: 1, ..l };
+        let scales = record_absmax(&dev, (&t, &l1), (&t, &l1)).expect("absmax");
+        let bits = scales.to_vec_u32().expect("read back");
+        assert_eq!(f32::from_bits(max_of(&bits[parts..])), 3.0);
+    }
 }
