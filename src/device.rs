@@ -44,6 +44,10 @@ pub struct DeviceOptions {
     /// `WGRAD_POOL_REUSE=any`; `None`: as the environment says, by default reused at once
     /// until a trainer sets `Reuse::REPEATING`). See `memory::Reuse`.
     pub pool_budget: Option<u64>,
+    /// Whether f32 products run on the tensor cores as three f16 products of their operands'
+    /// scaled high and low parts, where the adapter has cooperative matrices (`None`: yes,
+    /// unless `WGRAD_F32_MATMUL=tiled`; `Some(false)`: the tiled f32 kernel).
+    pub f32_tensor_cores: Option<bool>,
 }
 
 /// The wgpu device and what it can do.

@@ -20,11 +20,16 @@ fn every_dispatch_gets_an_interval_named_by_its_kernel() -> Result<()> {
     let intervals = dev.take_gpu_intervals()?;
     assert_eq!(intervals.len() as u64, c.dispatches, "{intervals:?}");
     let labels: Vec<&str> = intervals.iter().map(|i| i.label).collect();
-    // 4,096 elements: the sum runs in two stages.
-    assert_eq!(
-        labels,
-        ["random", "matmul", "unary", "reduce_partial", "reduce_dims"]
-    );
+    // 4,096 elements: the sum runs in two stages. An f32 product on cooperative matrices (X3)
+    // reads its operands' magnitudes from an `absmax` dispatch first.
+    let product: &[&str] = if dev.f32_on_tensor_cores() {
+        &["absmax", "matmul_coop"]
+    } else {
+        &["matmul"]
+    };
+    let want: Vec<&str> = [&["random"], product, &["unary", "reduce_partial", "reduce_dims"]]
+        .concat();
+    assert_eq!(labels, want);
     for w in intervals.windows(2) {
         assert!(
             w[0].end_ns >= w[0].start_ns && w[1].start_ns >= w[0].start_ns,

@@ -2273,7 +2273,7 @@ fn trim_then_reuse_gives_correct_results() {
 #[test]
 fn tile_search_covers_plain_bias_and_gelu_products() {
     use wgrad::ops::Activation;
-    let d = private_dev();
+    let d = tiled_dev();
     let mut rng = rng("tile search");
     // h = rows: the bias product's K is long enough to split, as the dW products' are.
     let (rows, c, h) = (512, 40, 512);
@@ -2372,79 +2372,151 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
     }
 }
 
+/// A linear's forward (bias and GELU epilogue), a second one's with a residual, their dX, and
+/// their dW with the bias gradient as column sums, at sizes no tile divides; two backwards,
+/// the second's gradients added into the first's. The outputs and gradients of a step on `d`
+/// (parameters from a fixed seed), and the products' keys.
+struct LinearProducts {
+    params: Vec<Tensor>,
+}
+
+impl LinearProducts {
+    const SHAPE: (usize, usize, usize, usize) = (131, 45, 77, 36);
+
+    fn new(d: &Device) -> LinearProducts {
+        let mut rng = rng("searched tiles");
+        let (rows, c, h, o) = Self::SHAPE;
+        let mut param =
+            |shape: &[usize], r: f32| Arr::rand(&mut rng, shape, -r, r).upload(d).requires_grad();
+        let params = vec![
+            param(&[rows, c], 1.0),
+            param(&[c, h], 0.5),
+            param(&[h], 0.5),
+            param(&[h, o], 0.3),
+            param(&[o], 0.5),
+            param(&[rows, o], 1.0),
+        ];
+        LinearProducts { params }
+    }
+
+    fn backward(&self) -> wgrad::Result<Vec<Vec<f32>>> {
+        use wgrad::ops::Activation;
+        let [x, w, b, w2, b2, res] = &self.params[..] else {
+            unreachable!()
+        };
+        let y = x.linear(w, Some(b), Activation::Gelu)?;
+        let z = y.linear_residual(w2, b2, res)?;
+        z.square()?.sum_all()?.backward()?;
+        let mut out = vec![y.to_vec()?, z.to_vec()?];
+        for p in &self.params {
+            out.push(p.grad().expect("reached by backward").to_vec()?);
+        }
+        Ok(out)
+    }
+
+    fn step(&self) -> wgrad::Result<Vec<Vec<f32>>> {
+        for p in &self.params {
+            p.zero_grad();
+        }
+        let mut out = self.backward()?;
+        out.extend(self.backward()?);
+        Ok(out)
+    }
+
+    /// A step's outputs, and the keys of its products.
+    fn logged_step(&self, d: &Device) -> (Vec<Vec<f32>>, Vec<wgrad::kernels::tuning::ProductKey>) {
+        d.log_products(true);
+        let out = self.step().unwrap();
+        let keys = d.take_product_log();
+        d.log_products(false);
+        (out, keys)
+    }
+
+    /// Each tile for every product in turn, whole and (where a product may split K) in 2
+    /// ranges of K: a step's outputs against `want` within `tol`.
+    fn check_tiles(
+        &self,
+        d: &Device,
+        keys: &[wgrad::kernels::tuning::ProductKey],
+        tiles: &[wgrad::kernels::tuning::TileChoice],
+        want: &[Vec<f32>],
+        tol: f64,
+    ) {
+        for &t in tiles {
+            for split in [None, Some(2)] {
+                for key in keys {
+                    let split = split.filter(|_| !key.gelu && key.batch == 1);
+                    d.set_tile(*key, t, split, 1.0);
+                }
+                let got = self.step().unwrap();
+                let worst = got
+                    .iter()
+                    .zip(want)
+                    .flat_map(|(g, w)| g.iter().zip(w))
+                    .map(|(&g, &w)| (g as f64 - w as f64).abs() / (w as f64).abs().max(1.0))
+                    .fold(0.0, f64::max);
+                println!("tile {t:?} split {split:?}: worst error {worst:.3e}");
+                for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                    let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+                    let what = format!("tile {t:?} split {split:?}: output {i}");
+                    assert_close(g, &w, tol, &what);
+                }
+            }
+        }
+    }
+}
+
 /// Every tile a search may choose for the tiled kernel (interleaved and vector-run register
 /// blocks), and blocks the accumulators hold only rounded up to vectors (3x3, 2x3), give a
-/// linear's forward (bias and GELU epilogue), a second one's with a residual, their dX, and
-/// their dW with the bias gradient as column sums, at sizes no tile divides: each set for
-/// every product in turn, whole and (where a product may split K) in 2 ranges of K, and a
-/// second backward added into the first's gradients; against the heuristic's tiles (which the
-/// tests above check against f64).
+/// linear's products (`LinearProducts`), against the heuristic's tiles (which the tests above
+/// check against f64).
 #[test]
 fn every_searched_tile_gives_a_linears_products() {
     use wgrad::kernels::matmul::Tile;
     use wgrad::kernels::tuning::{tiled_search_tiles, TileChoice};
-    use wgrad::ops::Activation;
-    let d = private_dev();
-    let mut rng = rng("searched tiles");
-    let (rows, c, h, o) = (131, 45, 77, 36);
-    let mut param =
-        |shape: &[usize], r: f32| Arr::rand(&mut rng, shape, -r, r).upload(&d).requires_grad();
-    let x = param(&[rows, c], 1.0);
-    let w = param(&[c, h], 0.5);
-    let b = param(&[h], 0.5);
-    let w2 = param(&[h, o], 0.3);
-    let b2 = param(&[o], 0.5);
-    let res = param(&[rows, o], 1.0);
-    let params = [&x, &w, &b, &w2, &b2, &res];
-    let backward = || -> wgrad::Result<Vec<Vec<f32>>> {
-        let y = x.linear(&w, Some(&b), Activation::Gelu)?;
-        let z = y.linear_residual(&w2, &b2, &res)?;
-        z.square()?.sum_all()?.backward()?;
-        let mut out = vec![y.to_vec()?, z.to_vec()?];
-        for p in params {
-            out.push(p.grad().expect("reached by backward").to_vec()?);
-        }
-        Ok(out)
-    };
-    // Two backwards: the second's weight gradients are added into the first's.
-    let step = || -> wgrad::Result<Vec<Vec<f32>>> {
-        for p in params {
-            p.zero_grad();
-        }
-        let mut out = backward()?;
-        out.extend(backward()?);
-        Ok(out)
-    };
-    d.log_products(true);
-    let want = step().unwrap();
-    let keys = d.take_product_log();
-    d.log_products(false);
+    let d = tiled_dev();
+    let lin = LinearProducts::new(&d);
+    let (want, keys) = lin.logged_step(&d);
     assert!(keys.iter().any(|k| k.residual), "{keys:?}");
     assert!(keys.iter().any(|k| k.gelu), "{keys:?}");
     let mut tiles = tiled_search_tiles();
     assert!(tiles.iter().any(|t| t.vec) && tiles.iter().any(|t| !t.vec));
     tiles.extend(["48x48x16/3x3", "32x48x16/2x3"].map(|n| Tile::parse(n).unwrap()));
     let limit = d.gpu().limits.max_compute_workgroup_storage_size;
-    for t in tiles {
+    for t in &tiles {
         assert!(
             t.workgroup_bytes() <= limit,
             "tile {} needs {} bytes of workgroup memory, the adapter has {limit}: it would not run",
             t.name(),
             t.workgroup_bytes()
         );
-        for split in [None, Some(2)] {
-            for key in &keys {
-                let split = split.filter(|_| !key.gelu && key.batch == 1);
-                d.set_tile(*key, TileChoice::Tiled(t), split, 1.0);
-            }
-            let got = step().unwrap();
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
-                let what = format!("tile {} split {split:?}: output {i}", t.name());
-                assert_close(g, &w, TOL, &what);
-            }
-        }
     }
+    let tiles: Vec<_> = tiles.into_iter().map(TileChoice::Tiled).collect();
+    lin.check_tiles(&d, &keys, &tiles, &want, TOL);
+}
+
+const X3_TOL: f64 = 1e-4;
+
+/// Every tile a search may choose for an X3 product (f32 operands as three f16 products on
+/// cooperative matrices), whole and in 2 ranges of K, gives a linear's products
+/// (`LinearProducts`) within `X3_TOL` of the tiled f32 kernel's (on a Device that keeps them
+/// there). Without cooperative matrices no X3 tile runs, and each falls back to the tiled
+/// kernel.
+#[test]
+fn every_x3_tile_gives_a_linears_products_to_f32_precision() {
+    use wgrad::kernels::matmul_coop::SEARCH_TILES;
+    use wgrad::kernels::tuning::TileChoice;
+    let tiled = tiled_dev();
+    let (want, _) = LinearProducts::new(&tiled).logged_step(&tiled);
+    let d = private_dev();
+    let lin = LinearProducts::new(&d);
+    let (got, keys) = lin.logged_step(&d);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let w: Vec<f64> = w.iter().map(|&v| v as f64).collect();
+        assert_close(g, &w, X3_TOL, &format!("heuristic tiles: output {i}"));
+    }
+    let tiles: Vec<_> = SEARCH_TILES.iter().map(|t| TileChoice::Coop(*t)).collect();
+    lin.check_tiles(&d, &keys, &tiles, &want, X3_TOL);
 }
 
 /// An (rows, cols) operand: contiguous, or (`narrow`) a view 4 elements into rows of a multiple
@@ -2482,7 +2554,7 @@ fn padded_operand(
 fn vector_reads_match_f64_on_every_layout() {
     use wgrad::kernels::tuning::{tiled_search_tiles, TileChoice};
     use wgrad::ops::Activation;
-    let d = private_dev();
+    let d = tiled_dev();
     assert_eq!(
         d.set_gpu_timing(true),
         Some(wgrad::graph::TimingMode::PerDispatch),

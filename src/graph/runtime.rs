@@ -30,6 +30,8 @@ struct Runtime {
     gpu: Gpu,
     state: Mutex<State>,
     wait: WaitMode,
+    /// f32 products on the tensor cores (`DeviceOptions::f32_tensor_cores`, resolved).
+    f32_tensor_cores: bool,
 }
 
 /// How the CPU waits for the GPU (`sync`, read-backs).
@@ -200,11 +202,15 @@ impl Device {
             product_log: None,
         };
         let wait = WaitMode::for_adapter(&gpu.info);
+        let f32_tensor_cores = options.f32_tensor_cores.unwrap_or_else(|| {
+            std::env::var("WGRAD_F32_MATMUL").map_or(true, |v| v != "tiled")
+        }) && crate::kernels::matmul_coop::Coop::available(&gpu).is_some();
         Ok(Device {
             rt: Arc::new(Runtime {
                 gpu,
                 state: Mutex::new(state),
                 wait,
+                f32_tensor_cores,
             }),
         })
     }
@@ -216,6 +222,13 @@ impl Device {
 
     pub fn gpu(&self) -> &Gpu {
         &self.rt.gpu
+    }
+
+    /// Whether f32 products run on the adapter's cooperative matrices as three f16 products
+    /// of each operand's scaled high and low parts, each after an `absmax` dispatch
+    /// (`DeviceOptions::f32_tensor_cores`; never without cooperative matrices).
+    pub fn f32_on_tensor_cores(&self) -> bool {
+        self.rt.f32_tensor_cores
     }
 
     pub fn report(&self) -> AdapterReport {

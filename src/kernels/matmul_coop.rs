@@ -490,16 +490,17 @@ fn read_source(a: (DType, bool), b: (DType, bool), x3: bool) -> &'static str {
 
 /// The READ snippet's part for f32 operand x of an X3 product: units loaded as f32 (two vector
 /// loads, or 8 gathered elements), masked and scaled by `sc_x` at the store, then split into
-/// the high part (`half_x`: the f32 value with its 13 lowest mantissa bits cleared, 11
-/// significant bits, which f16 holds exactly) and the f16 rounding of what it leaves
+/// the high part (`half_x`: the f32 value rounded to 11 significant bits by clearing its 13
+/// lowest mantissa bits after adding half of their place, which f16 holds exactly) and the f16 rounding of what it leaves
 /// (`low_x`). The high part is found by masking bits, not as f32(f16(x)): NVIDIA's compiler
 /// folds that round trip to x (an H100 measured every low part 0, and f16 errors, 2026-11-26).
 /// A unit of ones (A_ONES) is not scaled: its high part is 1, its low part 0.
 fn x3_operand_source(x: &str, up: &str) -> String {
     let high = if x == "a" {
-        "// The high part of x: its sign, exponent and 10 highest mantissa bits.
+        "// The high part of x: its sign, exponent and 10 highest mantissa bits, rounded to the
+// nearest (half away from zero), so the low part is at most 2^-12 of x.
 fn high_part(v: vec4<f32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) & vec4<u32>(0xffffe000u));
+    return bitcast<vec4<f32>>((bitcast<vec4<u32>>(v) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u));
 }
 
 "
@@ -728,15 +729,26 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
             }
             for j in 0..fn_ {
                 let f = i * fn_ + j;
-                if x3 {
-                    // The small terms first.
+                if x3 && !off("x3inside") {
+                    // A fragment of K's three products summed from zero on the tensor cores,
+                    // then added to the accumulator in f32: the tensor cores' sums truncate,
+                    // so inside them each step would lose a unit of the accumulator's last
+                    // place three times (an H100's errors 4-5x the tiled f32 kernel's).
+                    let _ = writeln!(
+                        w,
+                        "        acc{f} = acc{f} + coopMultiplyAdd(a{i}, b{j}, \
+                         coopMultiplyAdd(a{i}, bl{j}, coopMultiplyAdd(al{i}, b{j}, MC())));"
+                    );
+                } else if x3 {
                     let _ = writeln!(
                         w,
                         "        acc{f} = coopMultiplyAdd(al{i}, b{j}, acc{f});\n\
-                         \x20       acc{f} = coopMultiplyAdd(a{i}, bl{j}, acc{f});"
+                         \x20       acc{f} = coopMultiplyAdd(a{i}, bl{j}, acc{f});\n\
+                         \x20       acc{f} = coopMultiplyAdd(a{i}, b{j}, acc{f});"
                     );
+                } else {
+                    let _ = writeln!(w, "        acc{f} = coopMultiplyAdd(a{i}, b{j}, acc{f});");
                 }
-                let _ = writeln!(w, "        acc{f} = coopMultiplyAdd(a{i}, b{j}, acc{f});");
             }
         }
         let _ = writeln!(w, "    }}");

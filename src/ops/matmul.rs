@@ -102,22 +102,10 @@ enum Choice {
     Tiled(matmul::Tile),
 }
 
-/// Whether f32 products run on the tensor cores as three f16 products of their operands' high
-/// and low parts (`matmul_coop`'s X3 variant), where the adapter has cooperative matrices:
-/// unless `WGRAD_F32_MATMUL=tiled` keeps them on the tiled f32 kernel.
-pub fn f32_on_tensor_cores() -> bool {
-    static X3: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *X3.get_or_init(|| std::env::var("WGRAD_F32_MATMUL").map_or(true, |v| v != "tiled"))
-}
-
 /// Whether a product of `key` (f32 operands, not mixed precision) runs as an X3 product on
 /// the adapter's cooperative matrices.
 fn x3(dev: &Device, key: &ProductKey) -> bool {
-    !key.half
-        && !key.a_f16
-        && !key.b_f16
-        && f32_on_tensor_cores()
-        && matmul_coop::Coop::available(dev.gpu()).is_some()
+    !key.half && !key.a_f16 && !key.b_f16 && dev.f32_on_tensor_cores()
 }
 
 /// The cooperative matrices a product of `key` runs on: the adapter's, for a mixed-precision
@@ -193,9 +181,10 @@ fn choose_kernel(dev: &Device, key: &ProductKey) -> Choice {
 /// the kernel it runs on here (a table searched for the tiled f32 kernel does not speak for an
 /// X3 product).
 fn measured_split(dev: &Device, key: &ProductKey) -> Option<u32> {
-    dev.tile_for(key)
-        .filter(|t| runs(dev, key, *t))
-        .and(dev.split_for(key))
+    match dev.tile_for(key) {
+        Some(t) if !runs(dev, key, t) => None,
+        _ => dev.split_for(key),
+    }
 }
 
 /// The most ranges of K an M x N product may split into: its f32 partial products (S, M, N)

@@ -53,6 +53,16 @@ pub fn private_dev() -> Device {
     Device::new().expect("creating a private wgrad Device")
 }
 
+/// A private Device whose f32 products stay on the tiled f32 kernel (on an adapter with
+/// cooperative matrices they would otherwise run as X3 products): for tests of that kernel.
+pub fn tiled_dev() -> Device {
+    Device::with_options(&wgrad::DeviceOptions {
+        f32_tensor_cores: Some(false),
+        ..Default::default()
+    })
+    .expect("creating a private wgrad Device")
+}
+
 /// A seeded RNG per test: seed = FNV-1a(tag) ^ $WGRAD_TEST_SEED (0 when unset), so a run is
 /// reproducible and another seed gives fresh inputs.
 pub fn rng(tag: &str) -> StdRng {
