@@ -27,8 +27,12 @@ fn every_dispatch_gets_an_interval_named_by_its_kernel() -> Result<()> {
     } else {
         &["matmul"]
     };
-    let want: Vec<&str> = [&["random"], product, &["unary", "reduce_partial", "reduce_dims"]]
-        .concat();
+    let want: Vec<&str> = [
+        &["random"],
+        product,
+        &["unary", "reduce_partial", "reduce_dims"],
+    ]
+    .concat();
     assert_eq!(labels, want);
     for w in intervals.windows(2) {
         assert!(

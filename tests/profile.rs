@@ -65,11 +65,7 @@ fn profile_of_a_training_step() -> Result<()> {
     } else {
         "matmul_bias_gelu"
     };
-    assert!(
-        r.kernels.iter().any(|k| k.name == gelu),
-        "{}",
-        r.to_text()
-    );
+    assert!(r.kernels.iter().any(|k| k.name == gelu), "{}", r.to_text());
     assert!(
         r.kernels.iter().any(|k| k.name == "adamw"),
         "{}",

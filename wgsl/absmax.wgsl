@@ -8,7 +8,9 @@
 // off + i * bs + r * rs + c * cs (the launcher puts a unit-stride dim in cols, so a row's lanes
 // read neighbours, and merges contiguous rows and batches into one row).
 //
-// Specialization: PARTS (workgroups per operand).
+// Specialization: PARTS (workgroups per operand); AT, the element a load reads (f32, or with
+// the snippet VEC vec4<f32>: both operands contiguous rows on vectors of 4, whose views the
+// launcher gives in vectors), and `bits_max(x: AT) -> u32` (the largest magnitude's bits).
 
 struct Operand {
     off: u32,
@@ -32,20 +34,20 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@group(0) @binding(2) var<storage, read> a: array<f32>;
-@group(0) @binding(3) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read> a: array<AT>;
+@group(0) @binding(3) var<storage, read> b: array<AT>;
 
 const WG: u32 = 256u;
 var<workgroup> red: array<u32, WG>;
 
 fn magnitude(z: u32, i: u32) -> u32 {
-    var x: f32;
+    var x: AT;
     if (z == 0u) {
         x = a[i];
     } else {
         x = b[i];
     }
-    return bitcast<u32>(x) & 0x7fffffffu;
+    return bits_max(x);
 }
 
 // Items: (row, chunk of CHUNK columns), workgroup g taking items g, g + PARTS, ...; each lane

@@ -202,9 +202,10 @@ impl Device {
             product_log: None,
         };
         let wait = WaitMode::for_adapter(&gpu.info);
-        let f32_tensor_cores = options.f32_tensor_cores.unwrap_or_else(|| {
-            std::env::var("WGRAD_F32_MATMUL").map_or(true, |v| v != "tiled")
-        }) && crate::kernels::matmul_coop::Coop::available(&gpu).is_some();
+        let f32_tensor_cores = options
+            .f32_tensor_cores
+            .unwrap_or_else(|| std::env::var("WGRAD_F32_MATMUL").map_or(true, |v| v != "tiled"))
+            && crate::kernels::matmul_coop::Coop::available(&gpu).is_some();
         Ok(Device {
             rt: Arc::new(Runtime {
                 gpu,

@@ -85,8 +85,39 @@ pub static ABSMAX: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<AbsmaxParams>() as u64,
 };
 
-pub fn spec() -> Spec {
-    Spec::new().u32("PARTS", PARTS)
+/// Loads of one f32 each, or (`vec4`) of 4: the views given in vectors.
+pub fn spec(vec4: bool) -> Spec {
+    let (ty, bits) = if vec4 {
+        ("vec4<f32>", BITS_VEC4)
+    } else {
+        ("f32", BITS_F32)
+    };
+    Spec::new()
+        .u32("PARTS", PARTS)
+        .ty("AT", ty)
+        .source("BITS", bits)
+}
+
+const BITS_F32: &str =
+    "fn bits_max(x: f32) -> u32 {\n    return bitcast<u32>(x) & 0x7fffffffu;\n}\n";
+const BITS_VEC4: &str = "fn bits_max(x: vec4<f32>) -> u32 {
+    let m = bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu);
+    return max(max(m.x, m.y), max(m.z, m.w));
+}
+";
+
+/// `a` and `b` as views in vectors of 4, where both are one contiguous row (after `of`'s
+/// merging) starting on a vector and a whole number of vectors long.
+pub fn in_vectors(a: OperandView, b: OperandView) -> Option<(OperandView, OperandView)> {
+    let whole = |v: &OperandView| {
+        v.batch == 1 && v.rows == 1 && v.cs == 1 && v.off % 4 == 0 && v.cols % 4 == 0
+    };
+    let vec = |v: OperandView| OperandView {
+        off: v.off / 4,
+        cols: v.cols / 4,
+        ..v
+    };
+    (whole(&a) && whole(&b)).then(|| (vec(a), vec(b)))
 }
 
 #[cfg(test)]
@@ -145,5 +176,27 @@ mod tests {
             ..l
         });
         assert_eq!((v.rows, v.rs, v.cols, v.cs), (5, 10, 4, 2));
+    }
+
+    #[test]
+    fn vectors_only_where_both_views_are_whole_vectors_of_one_row() {
+        let row = |off, cols| OperandView {
+            off,
+            cols,
+            rows: 1,
+            batch: 1,
+            cs: 1,
+            ..Default::default()
+        };
+        let (a, b) = in_vectors(row(8, 4096), row(0, 12)).expect("both whole");
+        assert_eq!((a.off, a.cols, b.off, b.cols), (2, 1024, 0, 3));
+        assert!(in_vectors(row(2, 4096), row(0, 12)).is_none());
+        assert!(in_vectors(row(0, 4096), row(0, 13)).is_none());
+        let rows = OperandView {
+            rows: 2,
+            rs: 4096,
+            ..row(0, 4000)
+        };
+        assert!(in_vectors(row(0, 8), rows).is_none());
     }
 }

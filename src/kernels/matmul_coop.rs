@@ -1156,7 +1156,10 @@ mod generated_tests {
         // high parts', every unit stored twice, and no direct stores.
         let t3 = X3_TILES[0];
         let x3 = generated(t3, Coop::NVIDIA, false, true);
-        let (frags3, kf3) = ((t3.fm * t3.fn_) as usize, (t3.bk / Coop::NVIDIA.fs) as usize);
+        let (frags3, kf3) = (
+            (t3.fm * t3.fn_) as usize,
+            (t3.bk / Coop::NVIDIA.fs) as usize,
+        );
         assert_eq!(x3.matches("coopMultiplyAdd").count(), 3 * frags3 * kf3);
         assert_eq!(
             x3.matches("STAGES + stage);").count(),

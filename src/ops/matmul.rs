@@ -824,15 +824,18 @@ fn record_absmax(
     use crate::kernels::absmax;
     let parts = absmax::PARTS as usize;
     let scales = Tensor::uninit(dev, &[2 * parts], DType::U32, "matmul")?;
+    let (va, vb) = (absmax::OperandView::of(al), absmax::OperandView::of(bl));
+    let vectors = absmax::in_vectors(va, vb);
+    let (va, vb) = vectors.unwrap_or((va, vb));
     let params = absmax::AbsmaxParams {
-        a: absmax::OperandView::of(al),
-        b: absmax::OperandView::of(bl),
+        a: va,
+        b: vb,
         out_off: scales.layout().offset as u32,
         _pad: [0; 3],
     };
     dev.record(
         &absmax::ABSMAX,
-        &absmax::spec(),
+        &absmax::spec(vectors.is_some()),
         &params,
         &[scales.storage(), a.storage(), b.storage()],
         [absmax::PARTS, 2, 1],
@@ -882,14 +885,17 @@ mod tests {
         data[5 * 70 + 3] = -7.5; // the view's largest magnitude, negative
         data[299 * 70 + 69] = -1e6; // the last row, outside too
         let full = Tensor::from_slice(&dev, &data, &[300, 70]).expect("upload");
-        let a = full.narrow(0, 1, 250).and_then(|v| v.narrow(1, 2, 60)).expect("view");
+        let a = full
+            .narrow(0, 1, 250)
+            .and_then(|v| v.narrow(1, 2, 60))
+            .expect("view");
         // B: a transposed view (columns unit-stride along K), read along its rows.
         let bdata: Vec<f32> = (0..40 * 33).map(|i| (i as f32).sin() * 1e-6).collect();
         let b_src = Tensor::from_slice(&dev, &bdata, &[40, 33]).expect("upload");
         let b = b_src.t().expect("transpose");
         let want_b = bdata.iter().fold(0.0f32, |m, x| m.max(x.abs()));
-        let scales = record_absmax(&dev, (&a, &layout(&a, 1, 0)), (&b, &layout(&b, 1, 0)))
-            .expect("absmax");
+        let scales =
+            record_absmax(&dev, (&a, &layout(&a, 1, 0)), (&b, &layout(&b, 1, 0))).expect("absmax");
         let bits = scales.to_vec_u32().expect("read back");
         assert_eq!(bits.len(), 2 * parts);
         assert_eq!(f32::from_bits(max_of(&bits[..parts])), 7.5);
