@@ -110,7 +110,11 @@ const BITS_VEC4: &str = "fn bits_max(x: vec4<f32>) -> u32 {
 /// merging) starting on a vector and a whole number of vectors long.
 pub fn in_vectors(a: OperandView, b: OperandView) -> Option<(OperandView, OperandView)> {
     let whole = |v: &OperandView| {
-        v.batch == 1 && v.rows == 1 && v.cs == 1 && v.off % 4 == 0 && v.cols % 4 == 0
+        v.batch == 1
+            && v.rows == 1
+            && v.cs == 1
+            && v.off.is_multiple_of(4)
+            && v.cols.is_multiple_of(4)
     };
     let vec = |v: OperandView| OperandView {
         off: v.off / 4,
