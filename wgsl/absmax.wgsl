@@ -1,16 +1,18 @@
 // The largest magnitude of each operand of an f32 product on the tensor cores (the X3 variant of
 // matmul_coop.wgsl, which scales each operand by a power of two from it), as partial maxima:
-// workgroup (g, z) folds the rows g, g + PARTS, ... of operand z (0: a, 1: b) and writes the
-// bits of its largest |x| (an f32 magnitude's bits order as u32, NaN above infinity) to
+// workgroup (g, z) folds items g, g + PARTS, ... of operand z (0: a, 1: b) and writes the bits
+// of its largest |x| (an f32 magnitude's bits order as u32, NaN above infinity) to
 // out[out_off + z * PARTS + g]; the product's workgroups take the largest of the PARTS.
 //
 // An operand is a (batch, rows, cols) view of its binding, element (i, r, c) at
 // off + i * bs + r * rs + c * cs (the launcher puts a unit-stride dim in cols, so a row's lanes
-// read neighbours, and merges contiguous rows and batches into one row).
+// read neighbours, and merges contiguous rows and batches into one row). The bindings are
+// arrays of vectors of 4: with `vec` (cs 1, every row starting on a vector, its last vector
+// inside the binding: the launcher checks) a load reads 4 elements of a row, those past its
+// end masked; else one element. An item is a chunk of a row, LOADS loads a lane (a contiguous
+// operand is one row: its chunks spread over every workgroup).
 //
-// Specialization: PARTS (workgroups per operand); AT, the element a load reads (f32, or with
-// the snippet VEC vec4<f32>: both operands contiguous rows on vectors of 4, whose views the
-// launcher gives in vectors), and `bits_max(x: AT) -> u32` (the largest magnitude's bits).
+// Specialization: PARTS (workgroups per operand).
 
 struct Operand {
     off: u32,
@@ -20,7 +22,7 @@ struct Operand {
     batch: u32,
     rows: u32,
     cols: u32,
-    _pad: u32,
+    vec: u32,
 }
 
 struct Params {
@@ -34,27 +36,20 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<u32>;
-@group(0) @binding(2) var<storage, read> a: array<AT>;
-@group(0) @binding(3) var<storage, read> b: array<AT>;
+@group(0) @binding(2) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> b: array<vec4<f32>>;
 
 const WG: u32 = 256u;
+const LOADS: u32 = 8u;
 var<workgroup> red: array<u32, WG>;
 
-fn magnitude(z: u32, i: u32) -> u32 {
-    var x: AT;
+// The vector holding element i of operand z.
+fn load(z: u32, i: u32) -> vec4<f32> {
     if (z == 0u) {
-        x = a[i];
-    } else {
-        x = b[i];
+        return a[i >> 2u];
     }
-    return bits_max(x);
+    return b[i >> 2u];
 }
-
-// Items: (row, chunk of CHUNK columns), workgroup g taking items g, g + PARTS, ...; each lane
-// has LOADS loads in flight an item (a contiguous operand is one row: its chunks spread over
-// every workgroup).
-const LOADS: u32 = 8u;
-const CHUNK: u32 = LOADS * WG;
 
 @compute @workgroup_size(WG)
 fn absmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -63,20 +58,31 @@ fn absmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     if (z == 1u) {
         o = p.b;
     }
-    let chunks = (o.cols + CHUNK - 1u) / CHUNK;
+    // Elements a lane's load covers, and a row's chunk.
+    let step = select(1u, 4u, o.vec != 0u);
+    let chunk = LOADS * WG * step;
+    let chunks = (o.cols + chunk - 1u) / chunk;
+    let j = vec4<u32>(0u, 1u, 2u, 3u);
     var m = 0u;
     for (var item = wid.x; item < o.batch * o.rows * chunks; item += PARTS) {
         let r = item / chunks;
-        let c0 = (item - r * chunks) * CHUNK + lid;
+        let c0 = (item - r * chunks) * chunk + lid * step;
         let bi = r / o.rows;
         let base = o.off + bi * o.bs + (r - bi * o.rows) * o.rs;
-        var x: array<u32, LOADS>;
+        var x: array<vec4<f32>, LOADS>;
         for (var q = 0u; q < LOADS; q++) {
-            let c = c0 + q * WG;
-            x[q] = magnitude(z, base + select(0u, c, c < o.cols) * o.cs);
+            let c = c0 + q * WG * step;
+            x[q] = load(z, base + select(0u, c, c < o.cols) * o.cs);
         }
         for (var q = 0u; q < LOADS; q++) {
-            m = max(m, select(0u, x[q], c0 + q * WG < o.cols));
+            let c = c0 + q * WG * step;
+            let bits = bitcast<vec4<u32>>(x[q]) & vec4<u32>(0x7fffffffu);
+            // vec: the components inside the row; else the one element, component i & 3.
+            let e = base + c * o.cs;
+            let keep = select(j == vec4<u32>(e & 3u), vec4<u32>(c) + j < vec4<u32>(o.cols), o.vec != 0u)
+                & vec4<bool>(c < o.cols);
+            let v = select(vec4<u32>(), bits, keep);
+            m = max(m, max(max(v.x, v.y), max(v.z, v.w)));
         }
     }
     red[lid] = m;

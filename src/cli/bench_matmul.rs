@@ -61,8 +61,9 @@ struct Row {
     /// Bytes moved at least (A and B read once, C written once) per second.
     gbps: f64,
     /// Shares of the measured roofs: TFLOP/s of the kernel's arithmetic roof (cooperative
-    /// matrices for a mixed-precision product where the adapter has them, else f32 FMA), GB/s
-    /// of the device-to-device copy.
+    /// matrices for a mixed-precision product where the adapter has them, a third of theirs
+    /// for an f32 product on them (X3: three f16 products), else f32 FMA), GB/s of the
+    /// device-to-device copy.
     of_compute_roof: f64,
     of_copy: f64,
     /// With --search: every tile measured, and the heuristic tile's time.
@@ -190,7 +191,10 @@ pub fn run(args: &Args) -> Result<()> {
             })
             .unwrap_or_default();
         let kernel = matmul_variant(&device, &key);
+        // An X3 product (f32 on cooperative matrices) makes three f16 products of each f32
+        // one: its roof, counted in the f32 product's flops, is a third of theirs.
         let compute_roof = match (kernel.starts_with("coop"), roofs.coop_tflops) {
+            (true, Some(t)) if kernel.contains(" x3") => t / 3.0,
             (true, Some(t)) => t,
             _ => roofs.fma_tflops,
         };

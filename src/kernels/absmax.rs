@@ -27,14 +27,17 @@ pub struct OperandView {
     pub batch: u32,
     pub rows: u32,
     pub cols: u32,
-    pub _pad: u32,
+    /// Read in vectors of 4 along the rows (1) or element by element (0).
+    pub vec: u32,
 }
 
 impl OperandView {
     /// The view of `l`'s elements, its unit-stride dim (if either is) as the columns, so a
     /// row's lanes read neighbouring elements; rows that follow each other in memory merged
     /// into one (and batches likewise), and a broadcast batch read once. The largest magnitude
-    /// depends on neither the order nor repeats.
+    /// depends on neither the order nor repeats. Read in vectors where the columns are
+    /// unit-stride, every row starts on a vector of 4 and the last row's last vector (rounded
+    /// up to 4 elements) lies inside the binding.
     pub fn of(l: &OperandLayout) -> OperandView {
         let transposed = l.col_stride != 1 && l.row_stride == 1;
         let ((mut rows, mut rs), (mut cols, cs)) = if transposed {
@@ -52,6 +55,12 @@ impl OperandView {
                 (cols, batch, bs) = (batch * cols, 1, 0);
             }
         }
+        let end = l.offset + (batch - 1) * bs + (rows - 1) * rs + cols.next_multiple_of(4);
+        let vec = cs == 1
+            && l.offset.is_multiple_of(4)
+            && (rows == 1 || rs.is_multiple_of(4))
+            && (batch == 1 || bs.is_multiple_of(4))
+            && end <= l.bound_elements / 4 * 4;
         OperandView {
             off: l.offset as u32,
             bs: bs as u32,
@@ -60,7 +69,7 @@ impl OperandView {
             batch: batch as u32,
             rows: rows as u32,
             cols: cols as u32,
-            _pad: 0,
+            vec: vec as u32,
         }
     }
 }
@@ -85,43 +94,8 @@ pub static ABSMAX: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<AbsmaxParams>() as u64,
 };
 
-/// Loads of one f32 each, or (`vec4`) of 4: the views given in vectors.
-pub fn spec(vec4: bool) -> Spec {
-    let (ty, bits) = if vec4 {
-        ("vec4<f32>", BITS_VEC4)
-    } else {
-        ("f32", BITS_F32)
-    };
-    Spec::new()
-        .u32("PARTS", PARTS)
-        .ty("AT", ty)
-        .source("BITS", bits)
-}
-
-const BITS_F32: &str =
-    "fn bits_max(x: f32) -> u32 {\n    return bitcast<u32>(x) & 0x7fffffffu;\n}\n";
-const BITS_VEC4: &str = "fn bits_max(x: vec4<f32>) -> u32 {
-    let m = bitcast<vec4<u32>>(x) & vec4<u32>(0x7fffffffu);
-    return max(max(m.x, m.y), max(m.z, m.w));
-}
-";
-
-/// `a` and `b` as views in vectors of 4, where both are one contiguous row (after `of`'s
-/// merging) starting on a vector and a whole number of vectors long.
-pub fn in_vectors(a: OperandView, b: OperandView) -> Option<(OperandView, OperandView)> {
-    let whole = |v: &OperandView| {
-        v.batch == 1
-            && v.rows == 1
-            && v.cs == 1
-            && v.off.is_multiple_of(4)
-            && v.cols.is_multiple_of(4)
-    };
-    let vec = |v: OperandView| OperandView {
-        off: v.off / 4,
-        cols: v.cols / 4,
-        ..v
-    };
-    (whole(&a) && whole(&b)).then(|| (vec(a), vec(b)))
+pub fn spec() -> Spec {
+    Spec::new().u32("PARTS", PARTS)
 }
 
 #[cfg(test)]
@@ -142,9 +116,18 @@ mod tests {
             col_stride: 768,
             bound_elements: 3 + 768 * 4096,
         };
-        // Contiguous: one row.
+        // Contiguous: one row (from element 3: not in vectors).
         let v = OperandView::of(&l);
-        assert_eq!((v.rows, v.cols, v.cs, v.off), (1, 768 * 4096, 1, 3));
+        assert_eq!(
+            (v.rows, v.cols, v.cs, v.off, v.vec),
+            (1, 768 * 4096, 1, 3, 0)
+        );
+        let v = OperandView::of(&OperandLayout {
+            offset: 4,
+            bound_elements: 4 + 768 * 4096,
+            ..l
+        });
+        assert_eq!((v.rows, v.vec), (1, 1));
         // Rows padded apart stay rows.
         let padded = OperandLayout {
             row_stride: 1,
@@ -152,7 +135,25 @@ mod tests {
             ..l
         };
         let v = OperandView::of(&padded);
-        assert_eq!((v.rows, v.rs, v.cols, v.cs), (4096, 776, 768, 1));
+        assert_eq!((v.rows, v.rs, v.cols, v.cs, v.vec), (4096, 776, 768, 1, 0));
+        // Rows of 50,257 padded to 50,264 from element 0: vectors, if the last row's last
+        // vector (rounded up) lies in the binding.
+        let lm = OperandLayout {
+            offset: 0,
+            rows: 50257,
+            row_stride: 1,
+            cols: 4096,
+            col_stride: 50264,
+            bound_elements: 4096 * 50264,
+            ..l
+        };
+        let v = OperandView::of(&lm);
+        assert_eq!((v.rows, v.rs, v.cols, v.vec), (4096, 50264, 50257, 1));
+        let v = OperandView::of(&OperandLayout {
+            bound_elements: 4095 * 50264 + 50258,
+            ..lm
+        });
+        assert_eq!(v.vec, 0);
         // Contiguous batches merge; a broadcast batch is read once.
         let batched = OperandLayout {
             row_stride: 4096,
@@ -180,27 +181,5 @@ mod tests {
             ..l
         });
         assert_eq!((v.rows, v.rs, v.cols, v.cs), (5, 10, 4, 2));
-    }
-
-    #[test]
-    fn vectors_only_where_both_views_are_whole_vectors_of_one_row() {
-        let row = |off, cols| OperandView {
-            off,
-            cols,
-            rows: 1,
-            batch: 1,
-            cs: 1,
-            ..Default::default()
-        };
-        let (a, b) = in_vectors(row(8, 4096), row(0, 12)).expect("both whole");
-        assert_eq!((a.off, a.cols, b.off, b.cols), (2, 1024, 0, 3));
-        assert!(in_vectors(row(2, 4096), row(0, 12)).is_none());
-        assert!(in_vectors(row(0, 4096), row(0, 13)).is_none());
-        let rows = OperandView {
-            rows: 2,
-            rs: 4096,
-            ..row(0, 4000)
-        };
-        assert!(in_vectors(row(0, 8), rows).is_none());
     }
 }

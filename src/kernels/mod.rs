@@ -493,8 +493,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(cross_entropy::variants(f16));
     v.extend(attention::variants());
     v.extend(peak::variants());
-    v.push((&absmax::ABSMAX, absmax::spec(false)));
-    v.push((&absmax::ABSMAX, absmax::spec(true)));
+    v.push((&absmax::ABSMAX, absmax::spec()));
     v
 }
 

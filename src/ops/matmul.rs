@@ -824,18 +824,15 @@ fn record_absmax(
     use crate::kernels::absmax;
     let parts = absmax::PARTS as usize;
     let scales = Tensor::uninit(dev, &[2 * parts], DType::U32, "matmul")?;
-    let (va, vb) = (absmax::OperandView::of(al), absmax::OperandView::of(bl));
-    let vectors = absmax::in_vectors(va, vb);
-    let (va, vb) = vectors.unwrap_or((va, vb));
     let params = absmax::AbsmaxParams {
-        a: va,
-        b: vb,
+        a: absmax::OperandView::of(al),
+        b: absmax::OperandView::of(bl),
         out_off: scales.layout().offset as u32,
         _pad: [0; 3],
     };
     dev.record(
         &absmax::ABSMAX,
-        &absmax::spec(vectors.is_some()),
+        &absmax::spec(),
         &params,
         &[scales.storage(), a.storage(), b.storage()],
         [absmax::PARTS, 2, 1],
@@ -914,5 +911,26 @@ mod tests {
         let scales = record_absmax(&dev, (&t, &l1), (&t, &l1)).expect("absmax");
         let bits = scales.to_vec_u32().expect("read back");
         assert_eq!(f32::from_bits(max_of(&bits[parts..])), 3.0);
+        // Rows of 50 padded to 52, read in vectors: the padding (1e9) masked; the largest in
+        // the last vector of a row, and (B) in the last row.
+        let mut padded: Vec<f32> = (0..600 * 52).map(|i| (i % 7) as f32 * 0.1).collect();
+        for r in 0..600 {
+            padded[r * 52 + 50] = 1e9;
+            padded[r * 52 + 51] = -1e9;
+        }
+        padded[17 * 52 + 49] = -4.5;
+        padded[599 * 52 + 48] = 6.25;
+        let t = Tensor::from_slice(&dev, &padded, &[600, 52]).expect("upload");
+        let head = t
+            .narrow(0, 0, 599)
+            .and_then(|v| v.narrow(1, 0, 50))
+            .expect("view");
+        let all = t.narrow(1, 0, 50).expect("view");
+        let (lh, la) = (layout(&head, 1, 0), layout(&all, 1, 0));
+        assert_eq!(crate::kernels::absmax::OperandView::of(&lh).vec, 1);
+        let scales = record_absmax(&dev, (&head, &lh), (&all, &la)).expect("absmax");
+        let bits = scales.to_vec_u32().expect("read back");
+        assert_eq!(f32::from_bits(max_of(&bits[..parts])), 4.5);
+        assert_eq!(f32::from_bits(max_of(&bits[parts..])), 6.25);
     }
 }
