@@ -1,7 +1,7 @@
 // The largest magnitude of each operand of an f32 product on the tensor cores (the X3 variant of
 // matmul_coop.wgsl, which scales each operand by a power of two from it), as partial maxima:
 // workgroup (g, z) folds items g, g + PARTS, ... of operand z (0: a, 1: b) and writes the bits
-// of its largest |x| (an f32 magnitude's bits order as u32, NaN above infinity) to
+// of its largest finite |x| (an f32 magnitude's bits order as u32) to
 // out[out_off + z * PARTS + g]; the product's workgroups take the largest of the PARTS.
 //
 // An operand is a (batch, rows, cols) view of its binding, element (i, r, c) at
@@ -76,7 +76,10 @@ fn absmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         }
         for (var q = 0u; q < LOADS; q++) {
             let c = c0 + q * WG * step;
-            let bits = bitcast<vec4<u32>>(x[q]) & vec4<u32>(0x7fffffffu);
+            // Infinities and NaN left out: an operand's other elements keep their scale (the
+            // product still gives NaN where they enter it).
+            var bits = bitcast<vec4<u32>>(x[q]) & vec4<u32>(0x7fffffffu);
+            bits = select(bits, vec4<u32>(), bits >= vec4<u32>(0x7f800000u));
             // vec: the components inside the row; else the one element, component i & 3.
             let e = base + c * o.cs;
             let keep = select(j == vec4<u32>(e & 3u), vec4<u32>(c) + j < vec4<u32>(o.cols), o.vec != 0u)

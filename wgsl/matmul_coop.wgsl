@@ -29,12 +29,14 @@
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
 // f16) through its strides with bounds checks.
 // X3 (f32 operands on the tensor cores): each f32 element x, scaled by its operand's power of
-// two s (the largest |x| of the operand to just under 2^14: `scales_init`, from the partial
-// maxima the absmax kernel wrote to the `scales` binding at p.scale_off), is stored as its f16
-// high part h = f16(s x) and its low part l = f16(s x - h), into a second copy of each tile
-// (PARTS 2); every fragment pair multiplies three times, A_l B_h + A_h B_l + A_h B_h (the
-// dropped A_l B_l is 2^-22 of a term), and the epilogue reads the accumulators times 1 / (s_A
-// s_B). A's ones row stays 1 (unscaled), so the sums row is multiplied back by s_A.
+// two s (the largest finite |x| of the operand to just under 2^14: `scales_init`, from the
+// partial maxima the absmax kernel wrote to the `scales` binding at p.scale_off), is stored as
+// its high part h (s x rounded to 11 significant bits by masking bits, which f16 holds
+// exactly) and its low part l = f16(s x - h), into a second copy of each tile (PARTS 2); each
+// fragment of K multiplies A_l B_h + A_h B_l + A_h B_h from zero on the tensor cores (the
+// dropped A_l B_l is 2^-22 of a term) and the accumulator adds that in f32; the epilogue reads
+// the accumulators times 1 / (s_A s_B) (two factors, each inside f32's range). A's ones row
+// is not scaled, so the sums row is read times 1 / s_B.
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // A_ONES: A's last row is not read but taken as ones (the launcher checks M - 1 is a multiple
 // of 8), so C's last row is the column sums of B; matmul_coop_sums stores it to `pre` at
@@ -100,10 +102,11 @@ const B_TILE: u32 = select(BN, BK, B_UN) * BS;
 var<workgroup> a_sh: array<SHT, PARTS * STAGES * A_TILE / SHW>;
 var<workgroup> b_sh: array<SHT, PARTS * STAGES * B_TILE / SHW>;
 
-// X3: the operands' scales and their inverses (`scales_init`, generated); 1 otherwise.
+// X3: the operands' scales, 1 / (s_A s_B) as two factors (`unscale`), and 1 / s_B
+// (`scales_init`, generated); 1 otherwise.
 var<private> sc_a: f32 = 1.0;
 var<private> sc_b: f32 = 1.0;
-var<private> inv_a: f32 = 1.0;
+var<private> unscale: vec2<f32> = vec2<f32>(1.0);
 var<private> inv_b: f32 = 1.0;
 
 // The K range of this workgroup: all of K; or, split (k_split > 0, batch 1: z numbers the
@@ -287,13 +290,13 @@ fn epi_c(l: EpiLane, q: u32) -> u32 {
 }
 
 // The lane's q-th element in subgroup sg's spilled fragment; X3: unscaled (A's ones row,
-// taken unscaled, times s_A).
+// not scaled, times 1 / s_B alone).
 fn epi_sh(l: EpiLane, sg: u32, lane: u32, q: u32) -> f32 {
-    let v = c_sh[sg * FE + lane + q * SGS] * inv_a * inv_b;
-    if (A_ONES) {
-        return select(v, v * sc_a, epi_row(l, q) == p.m - 1u);
+    let c = c_sh[sg * FE + lane + q * SGS];
+    if (A_ONES && epi_row(l, q) == p.m - 1u) {
+        return c * inv_b;
     }
-    return v;
+    return c * unscale.x * unscale.y;
 }
 
 @compute @workgroup_size(WG)
@@ -428,7 +431,6 @@ fn matmul_coop_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
 @compute @workgroup_size(WG)
 fn matmul_coop_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                     @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    scales_init(lane);
     scales_init(lane);
     zero_acc();
     product(wid, lid, sg);

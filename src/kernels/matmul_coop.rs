@@ -498,7 +498,7 @@ fn read_source(a: (DType, bool), b: (DType, bool), x3: bool) -> &'static str {
 fn x3_operand_source(x: &str, up: &str) -> String {
     let high = if x == "a" {
         "// The high part of x: its sign, exponent and 10 highest mantissa bits, rounded to the
-// nearest (half away from zero), so the low part is at most 2^-12 of x.
+// nearest (half away from zero), so the low part is at most 2^-11 of x.
 fn high_part(v: vec4<f32>) -> vec4<f32> {
     return bitcast<vec4<f32>>((bitcast<vec4<u32>>(v) + vec4<u32>(0x1000u)) & vec4<u32>(0xffffe000u));
 }
@@ -897,10 +897,10 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
 }
 
 /// The generated snippet's X3 part: the `scales` binding, `scales_init` (each subgroup takes
-/// the largest of the absmax kernel's partial maxima of A and of B: the largest |x| lies under
-/// 2^(e + 1), so 2^(13 - e) scales it under 2^14, clear of f16's largest, 65504, and its low
-/// part clear of f16's smallest normal for elements down to 2^-17 of it), and the stores of the
-/// low parts. Without X3, an empty `scales_init`.
+/// the largest of the absmax kernel's partial maxima of A and of B: the largest finite |x|
+/// lies under 2^(e + 1), so 2^(13 - e) scales it under 2^14, clear of f16's largest, 65504,
+/// and the low parts of elements down to about 2^-15 of it clear of f16's smallest normal),
+/// and the stores of the low parts. Without X3, an empty `scales_init`.
 fn write_x3_parts(w: &mut String, x3: bool) {
     use std::fmt::Write as _;
     if !x3 {
@@ -920,11 +920,14 @@ fn scales_init(lane: u32) {{
         ma = max(ma, scales[p.scale_off + i]);
         mb = max(mb, scales[p.scale_off + SCALE_PARTS + i]);
     }}
-    let ea = clamp(i32(subgroupMax(ma) >> 23u) - 127, -110, 110);
-    let eb = clamp(i32(subgroupMax(mb) >> 23u) - 127, -110, 110);
+    // e in [-110, 127] (an operand of zeros: -127): the scales 2^(13 - e) and the inverse
+    // 2^(ea + eb - 26), split in two, each inside f32's range.
+    let ea = clamp(i32(subgroupMax(ma) >> 23u) - 127, -110, 127);
+    let eb = clamp(i32(subgroupMax(mb) >> 23u) - 127, -110, 127);
     sc_a = ldexp(1.0, 13 - ea);
     sc_b = ldexp(1.0, 13 - eb);
-    inv_a = ldexp(1.0, ea - 13);
+    let t = ea + eb - 26;
+    unscale = vec2<f32>(ldexp(1.0, t / 2), ldexp(1.0, t - t / 2));
     inv_b = ldexp(1.0, eb - 13);
 }}
 
@@ -1012,8 +1015,8 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
 }
 
 /// The X3 variants (f32 operands and C): each default X3 tile, accumulate or not, the four
-/// ways of reading an f32 operand (A's and B's paired in order), each epilogue, column sums
-/// (A_ONES) and, not accumulating, the residual.
+/// ways of reading an f32 operand (A's paired with B's in reverse order: each way of each
+/// operand once), each epilogue, column sums (A_ONES) and, not accumulating, the residual.
 fn x3_variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let ty = Types {
         a: DType::F32,

@@ -642,16 +642,19 @@ impl Tensor {
         };
         // An X3 product's operands' largest magnitudes first (its sixth binding), and its
         // bindings 4 and 5 filled where the entry point does not read them.
-        let scales = if on_x3 {
-            Some(record_absmax(dev, (&a, &a_layout), (&b, &b_layout))?)
+        let x3_extra = if on_x3 {
+            let scales = record_absmax(dev, (&a, &a_layout), (&b, &b_layout))?;
+            Some((scales, Tensor::uninit(dev, &[4], DType::U32, OP)?))
         } else {
             None
         };
         let params = MatmulParams {
-            scale_off: scales.as_ref().map_or(0, |s| s.layout().offset as u32),
+            scale_off: x3_extra
+                .as_ref()
+                .map_or(0, |(s, _)| s.layout().offset as u32),
             ..params
         };
-        let bind = |s| x3_bindings(s, scales.as_ref());
+        let bind = |s| x3_bindings(s, x3_extra.as_ref());
         if split > 1 {
             // Ranges a whole number of K steps long (so vector units stay aligned).
             let k_split = k.div_ceil(split).next_multiple_of(bk as usize);
@@ -800,14 +803,15 @@ impl Tensor {
 }
 
 /// An X3 product's bindings: `s` with bindings 4 and 5 filled, where the entry point does not
-/// read them, by B (read) and C (written), then the partial maxima. Others: `s`.
-fn x3_bindings<'a>(mut s: Vec<&'a Storage>, scales: Option<&'a Tensor>) -> Vec<&'a Storage> {
-    if let Some(scales) = scales {
+/// read them, by B (read) and `spare` (a buffer of its own: a buffer bound for writing may not
+/// be bound twice), then the partial maxima. Others: `s`.
+fn x3_bindings<'a>(mut s: Vec<&'a Storage>, x3: Option<&'a (Tensor, Tensor)>) -> Vec<&'a Storage> {
+    if let Some((scales, spare)) = x3 {
         if s.len() < 4 {
             s.push(s[2]);
         }
         if s.len() < 5 {
-            s.push(s[0]);
+            s.push(spare.storage());
         }
         s.push(scales.storage());
     }
@@ -866,8 +870,9 @@ mod tests {
         }
     }
 
-    /// The largest of the partial maxima is the bits of the largest |x| of each view (not of
-    /// the elements around it), a NaN above everything.
+    /// The largest of the partial maxima is the bits of the largest finite |x| of each view
+    /// (not of the elements around it, even those sharing its vectors of 4; infinities and
+    /// NaN left out).
     #[test]
     fn absmax_partials_hold_each_views_largest_magnitude() {
         use crate::kernels::absmax::PARTS;
@@ -879,6 +884,7 @@ mod tests {
             .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01)
             .collect();
         data[0] = 1e6; // row 0, outside the rows kept
+        data[2 * 70 + 1] = 1e6; // beside the view's element (1, 0) in one vector of 4
         data[5 * 70 + 3] = -7.5; // the view's largest magnitude, negative
         data[299 * 70 + 69] = -1e6; // the last row, outside too
         let full = Tensor::from_slice(&dev, &data, &[300, 70]).expect("upload");
@@ -897,15 +903,17 @@ mod tests {
         assert_eq!(bits.len(), 2 * parts);
         assert_eq!(f32::from_bits(max_of(&bits[..parts])), 7.5);
         assert_eq!(f32::from_bits(max_of(&bits[parts..])), want_b);
-        // A NaN inside the view wins; a batch of 3 views, 2000 rows apart.
+        // A NaN and an infinity left out; a batch of 3 views, 2000 rows apart.
         let mut big = vec![0.25f32; 3 * 2000 * 8];
         big[2 * 2000 * 8 + 1999 * 8 + 7] = f32::NAN;
+        big[2000 * 8 + 5] = f32::NEG_INFINITY;
+        big[2 * 2000 * 8 + 3] = 5.0;
         big[4] = -3.0;
         let t = Tensor::from_slice(&dev, &big, &[3, 2000, 8]).expect("upload");
         let l = layout(&t, 3, 2000 * 8);
         let scales = record_absmax(&dev, (&t, &l), (&t, &l)).expect("absmax");
         let bits = scales.to_vec_u32().expect("read back");
-        assert!(f32::from_bits(max_of(&bits[..parts])).is_nan());
+        assert_eq!(f32::from_bits(max_of(&bits[..parts])), 5.0);
         // Only the first batch: 3.
         let l1 = matmul::OperandLayout { batch: 1, ..l };
         let scales = record_absmax(&dev, (&t, &l1), (&t, &l1)).expect("absmax");
