@@ -50,9 +50,10 @@ pub struct ProductKey {
     /// ran the 8 x 512 f32 step's residual products on 64x128x8/8x8v at 6.4 ms each against
     /// 0.4 on 128x64x8/8x4v, 2026-11-25: that tile's residual entry point spilled, its bias
     /// one did not), so it tunes apart. A table without residual entries serves them with
-    /// their bias entries (`TileTable::get`). Never set for the cooperative-matrix kernel,
-    /// which runs some residual products as bias products. (Missing in a table file written
-    /// before the field: none.)
+    /// their bias entries (`TileTable::get`). Set for X3 products too (f32 on cooperative
+    /// matrices: they run the residual epilogue); never for the mixed-precision
+    /// cooperative-matrix products, which run some residual products as bias products.
+    /// (Missing in a table file written before the field: none.)
     #[serde(default)]
     pub residual: bool,
 }

@@ -457,11 +457,14 @@ impl Tensor {
                 .all(|t| rows_aligned(t.layout().offset, t.shape(), t.strides())),
         };
         let dev = self.device();
-        // The tiled kernel's residual entry point tunes apart from its bias one. The
-        // cooperative-matrix kernel runs some residual products as bias products and a copy
-        // (below), so there the bias product's entry serves.
+        // The tiled kernel's residual entry point tunes apart from its bias one, and so does
+        // an X3 product's (it stores no tiles straight from its accumulators, so its residual
+        // products run the residual epilogue). The mixed-precision cooperative-matrix kernel
+        // runs some residual products as bias products and a copy (below), so there the bias
+        // product's entry serves. (A table without residual entries serves them with their
+        // bias entries.)
         let key = ProductKey {
-            residual: key.residual && coop_for(dev, &key).is_none(),
+            residual: key.residual && (coop_for(dev, &key).is_none() || x3(dev, &key)),
             ..key
         };
         let choice = choose_kernel(dev, &key);
