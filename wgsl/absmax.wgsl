@@ -12,7 +12,7 @@
 // end masked; else one element. An item is a chunk of a row, LOADS loads a lane (a contiguous
 // operand is one row: its chunks spread over every workgroup).
 //
-// Specialization: PARTS (workgroups per operand).
+// Specialization: PARTS (workgroups per operand). Uses the workgroup reductions (`wg_max`).
 
 struct Operand {
     off: u32,
@@ -41,7 +41,6 @@ struct Params {
 
 const WG: u32 = 256u;
 const LOADS: u32 = 8u;
-var<workgroup> red: array<u32, WG>;
 
 // The vector holding element i of operand z.
 fn load(z: u32, i: u32) -> vec4<f32> {
@@ -52,7 +51,8 @@ fn load(z: u32, i: u32) -> vec4<f32> {
 }
 
 @compute @workgroup_size(WG)
-fn absmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn absmax(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
+    let lid = lanes.lid;
     let z = wid.y;
     var o = p.a;
     if (z == 1u) {
@@ -88,15 +88,9 @@ fn absmax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
             m = max(m, max(max(v.x, v.y), max(v.z, v.w)));
         }
     }
-    red[lid] = m;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] = max(red[lid], red[lid + s]);
-        }
-        workgroupBarrier();
-    }
+    // Finite magnitudes order as their bits do: the workgroup's largest as an f32.
+    let largest = wg_max(bitcast<f32>(m), lanes);
     if (lid == 0u) {
-        out[p.out_off + z * PARTS + wid.x] = red[0];
+        out[p.out_off + z * PARTS + wid.x] = bitcast<u32>(largest);
     }
 }

@@ -10,7 +10,7 @@ use super::{Access, Family, KernelDesc, Spec};
 pub static FAMILY: Family = Family {
     name: "absmax",
     source: include_str!("../../wgsl/absmax.wgsl"),
-    workgroup_reduce: false,
+    workgroup_reduce: true,
 };
 
 /// Workgroups (partial maxima) per operand; the product's subgroups each fold all of them.

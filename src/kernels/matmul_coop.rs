@@ -488,6 +488,41 @@ fn read_source(a: (DType, bool), b: (DType, bool), x3: bool) -> &'static str {
     })
 }
 
+/// The READ snippet's loads of operand x, whatever it becomes at the store: `Unit{up}` (8
+/// elements as `ty`, as loaded, and how many are valid), `elem_x(e)` (element e, as `ty`:
+/// `elem`) and `unit_x(i, st, nv)` (`vec_load` with {up}_VEC, else 8 gathered elements; no
+/// branches on nv: a lane with nv = 0 reads the binding's first element).
+fn unit_source(x: &str, up: &str, ty: &str, elem: &str, vec_load: &str) -> String {
+    format!(
+        "struct Unit{up} {{
+    lo: vec4<{ty}>,
+    hi: vec4<{ty}>,
+    nv: u32,
+}}
+
+fn elem_{x}(e: u32) -> {ty} {{
+    return {elem};
+}}
+
+fn unit_{x}(i: u32, st: u32, nv: u32) -> Unit{up} {{
+    var u: Unit{up};
+    u.nv = nv;
+    let first = select(0u, i, nv > 0u);
+    if ({up}_VEC) {{
+        {vec_load}
+    }} else {{
+        let j = vec4<u32>(0u, 1u, 2u, 3u);
+        let lo = select(vec4<u32>(), vec4<u32>(i) + j * st, j < vec4<u32>(nv));
+        let hi = select(vec4<u32>(), vec4<u32>(i) + (j + 4u) * st, j + 4u < vec4<u32>(nv));
+        u.lo = vec4<{ty}>(elem_{x}(lo.x), elem_{x}(lo.y), elem_{x}(lo.z), elem_{x}(lo.w));
+        u.hi = vec4<{ty}>(elem_{x}(hi.x), elem_{x}(hi.y), elem_{x}(hi.z), elem_{x}(hi.w));
+    }}
+    return u;
+}}
+"
+    )
+}
+
 /// The READ snippet's part for f32 operand x of an X3 product: units loaded as f32 (two vector
 /// loads, or 8 gathered elements), masked and scaled by `sc_x` at the store, then split into
 /// the high part (`half_x`: the f32 value rounded to 11 significant bits by clearing its 13
@@ -507,36 +542,15 @@ fn high_part(v: vec4<f32>) -> vec4<f32> {
     } else {
         ""
     };
+    let vec_load = format!("u.lo = {x}[first >> 2u];\n        u.hi = {x}[(first >> 2u) + 1u];");
+    let elem = format!("{x}[e >> 2u][e & 3u]");
     high.to_string()
         + &format!(
-        "// {up}: f32 elements in vectors of 4, split into f16 high and low parts at the store.
-struct Unit{up} {{
-    lo: vec4<f32>,
-    hi: vec4<f32>,
-    nv: u32,
-}}
-
-fn elem_{x}(e: u32) -> f32 {{
-    return {x}[e >> 2u][e & 3u];
-}}
-
-fn unit_{x}(i: u32, st: u32, nv: u32) -> Unit{up} {{
-    var u: Unit{up};
-    u.nv = nv;
-    let first = select(0u, i, nv > 0u);
-    if ({up}_VEC) {{
-        u.lo = {x}[first >> 2u];
-        u.hi = {x}[(first >> 2u) + 1u];
-    }} else {{
-        let j = vec4<u32>(0u, 1u, 2u, 3u);
-        let lo = select(vec4<u32>(), vec4<u32>(i) + j * st, j < vec4<u32>(nv));
-        let hi = select(vec4<u32>(), vec4<u32>(i) + (j + 4u) * st, j + 4u < vec4<u32>(nv));
-        u.lo = vec4<f32>(elem_{x}(lo.x), elem_{x}(lo.y), elem_{x}(lo.z), elem_{x}(lo.w));
-        u.hi = vec4<f32>(elem_{x}(hi.x), elem_{x}(hi.y), elem_{x}(hi.z), elem_{x}(hi.w));
-    }}
-    return u;
-}}
-
+            "// {up}: f32 elements in vectors of 4, split into f16 high and low parts at the store.\n"
+        )
+        + &unit_source(x, up, "f32", &elem, &vec_load)
+        + &format!(
+            "
 // The unit masked to nv and scaled (ones, nv + 16, unscaled).
 fn scaled_{x}(u: Unit{up}) -> Unit{up} {{
     let j = vec4<u32>(0u, 1u, 2u, 3u);
@@ -587,34 +601,10 @@ fn operand_source(x: &str, up: &str, (dtype, wide): (DType, bool)) -> String {
     } else {
         "vectors of 4"
     };
-    format!(
-        "// {up}: {sc} elements in {binding}.
-struct Unit{up} {{
-    lo: vec4<f16>,
-    hi: vec4<f16>,
-    nv: u32,
-}}
-
-fn elem_{x}(e: u32) -> f16 {{
-    return {elem};
-}}
-
-fn unit_{x}(i: u32, st: u32, nv: u32) -> Unit{up} {{
-    var u: Unit{up};
-    u.nv = nv;
-    let first = select(0u, i, nv > 0u);
-    if ({up}_VEC) {{
-        {vec_load}
-    }} else {{
-        let j = vec4<u32>(0u, 1u, 2u, 3u);
-        let lo = select(vec4<u32>(), vec4<u32>(i) + j * st, j < vec4<u32>(nv));
-        let hi = select(vec4<u32>(), vec4<u32>(i) + (j + 4u) * st, j + 4u < vec4<u32>(nv));
-        u.lo = vec4<f16>(elem_{x}(lo.x), elem_{x}(lo.y), elem_{x}(lo.z), elem_{x}(lo.w));
-        u.hi = vec4<f16>(elem_{x}(hi.x), elem_{x}(hi.y), elem_{x}(hi.z), elem_{x}(hi.w));
-    }}
-    return u;
-}}
-
+    format!("// {up}: {sc} elements in {binding}.\n")
+        + &unit_source(x, up, "f16", &elem, &vec_load)
+        + &format!(
+            "
 fn half_{x}(u: Unit{up}) -> Unit {{
     let j = vec4<u32>(0u, 1u, 2u, 3u);
     if ({up}_ONES) {{
