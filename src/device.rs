@@ -48,6 +48,12 @@ pub struct DeviceOptions {
     /// scaled high and low parts, where the adapter has cooperative matrices (`None`: yes,
     /// unless `WGRAD_F32_MATMUL=tiled`; `Some(false)`: the tiled f32 kernel).
     pub f32_tensor_cores: Option<bool>,
+    /// Whether a tiled-kernel product split into ranges of K sums them in its own dispatch,
+    /// the last range of each tile adding the others' partials (`None`: yes on Vulkan and the
+    /// noop backend with 8 storage bindings a shader, unless `WGRAD_SPLIT_SUM=dispatch`;
+    /// `Some(false)`: a second dispatch sums them, as on Metal and DX12, and as for every
+    /// cooperative-matrix product).
+    pub split_in_one_dispatch: Option<bool>,
 }
 
 /// The wgpu device and what it can do.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_close, dev, poison, private_dev, rand_vec, rng};
+use common::{assert_close, dev, poison, private_dev, rand_vec, rng, split_sum_dev};
 use wgrad::autograd::gradcheck::{check, Input};
 use wgrad::ops::Activation;
 use wgrad::{Result, Tensor};
@@ -240,12 +240,14 @@ fn a_wide_linear_casting_its_input_first_changes_no_number() -> Result<()> {
 /// matrices where the adapter has them, else the tiled kernel's f16 tiles: against operands
 /// rounded to f16); against an f64 reference at odd shapes (one row, K past the last whole
 /// range, N not a multiple of 4, and one that is), the bias a view at an offset. The bias
-/// gradient is the seed's column sums as ever, and a GELU product does not split.
+/// gradient is the seed's column sums as ever, and a GELU product does not split. The sum in
+/// a second dispatch (`split_sum_dev`), counted; in the product's own dispatch:
+/// `a_split_product_sums_its_ranges_in_its_own_dispatch`.
 #[test]
 fn a_bias_product_split_into_ranges_of_k_matches_f64() -> Result<()> {
     use wgrad::ops::autocast;
     use wgrad::DType;
-    let d = &private_dev();
+    let d = &split_sum_dev();
     let mut r = rng("linear split k");
     let f16 = d.gpu().has(wgrad::wgpu::Features::SHADER_F16);
     let modes: &[(bool, DType)] = if f16 {
@@ -333,11 +335,11 @@ fn a_bias_product_split_into_ranges_of_k_matches_f64() -> Result<()> {
 /// db match f64 sums, unsplit and in ranges of K (the split sum stores the row), written and
 /// then added into (a second backward), in f32 and under autocast; an input width that is not
 /// a multiple of 8 (which the cooperative-matrix kernel cannot extend), or over 1,024 rows,
-/// sums dz by a reduction.
+/// sums dz by a reduction. Split sums in a second dispatch (`split_sum_dev`), counted.
 #[test]
 fn a_bias_gradient_from_the_dw_product_matches_f64() -> Result<()> {
     use wgrad::ops::autocast;
-    let d = &private_dev();
+    let d = &split_sum_dev();
     let mut r = rng("linear db in dW");
     let halves = halves(d);
     // A width the cooperative-matrix kernel cannot extend, or more than 1,024 rows (where the
@@ -406,11 +408,12 @@ fn a_bias_gradient_from_the_dw_product_matches_f64() -> Result<()> {
 /// kernel stores its tiles straight to C), in f32 and under autocast, against
 /// f64 at odd shapes with leading dims and the residual a view at an offset; its gradients:
 /// the residual's is the seed itself, x's, W's and b's those of the linear. A residual that
-/// is not a contiguous f32 tensor of the output's shape is added by a second dispatch.
+/// is not a contiguous f32 tensor of the output's shape is added by a second dispatch. Split
+/// sums in a second dispatch (`split_sum_dev`), counted.
 #[test]
 fn a_residual_linear_matches_f64() -> Result<()> {
     use wgrad::ops::autocast;
-    let d = &private_dev();
+    let d = &split_sum_dev();
     let mut r = rng("linear residual");
     let coop = wgrad::kernels::matmul_coop::Coop::available(d.gpu()).is_some();
     let halves = halves(d);
@@ -554,5 +557,141 @@ fn a_residual_linear_matches_f64() -> Result<()> {
     y.backward_with(&Tensor::from_slice(d, &gs, &[rows, n])?)?;
     let dx = grads(&[x])?.remove(0);
     assert_close(&dx, &want_dx, 1e-4, "dx, the input as its residual");
+    Ok(())
+}
+
+/// A tiled-kernel product split into ranges of K sums them in its own dispatch where the
+/// device does (the last range of each tile adds the others' partials:
+/// `matmul_split_tail.wgsl`; on Vulkan, lavapipe among them): one dispatch fewer than with the
+/// sum in a second dispatch, for each epilogue the sum serves (plain, bias, bias and residual,
+/// the column sums beside dW, added into the gradients on a second pass), in f32 and (without
+/// cooperative matrices, which keep the second dispatch) under autocast, each against f64
+/// three times over (each product sets its tickets back to 0 for the next), on a tile whose
+/// sum fits that dispatch.
+#[test]
+fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
+    use wgrad::kernels::matmul::Tile;
+    use wgrad::kernels::matmul_coop::Coop;
+    use wgrad::kernels::tuning::TileChoice;
+    use wgrad::ops::autocast;
+    let options = |one| wgrad::DeviceOptions {
+        f32_tensor_cores: Some(false),
+        split_in_one_dispatch: one,
+        ..Default::default()
+    };
+    let one = wgrad::Device::with_options(&options(None))?;
+    let two = wgrad::Device::with_options(&options(Some(false)))?;
+    assert!(!two.split_in_one_dispatch());
+    if one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan {
+        assert!(
+            one.split_in_one_dispatch(),
+            "Vulkan sums a split in one dispatch"
+        );
+    }
+    let saved = one.split_in_one_dispatch() as u64;
+    // 32 x 32 outputs a tile: one pass of its last range's sum.
+    let tile = TileChoice::Tiled(Tile::new(32, 32, 16, 2, 2));
+    let halves: &[bool] = match Coop::available(one.gpu()) {
+        Some(_) => &[false],
+        None => halves(&one),
+    };
+    let mut r = rng("split in one dispatch");
+    for (rows, k, n) in [(37, 3001, 30), (1, 1001, 29), (70, 700, 64)] {
+        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+        let bs = rand_vec(&mut r, n, -0.5, 0.5);
+        let rs = rand_vec(&mut r, rows * n, -2.0, 2.0);
+        let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
+        for &half in halves {
+            let (x64, w64, g64) = (round(&xs, half), round(&ws, half), round(&gs, half));
+            let mut plain = vec![0.0; rows * n];
+            let (mut dw, mut db) = (vec![0.0; k * n], vec![0.0; n]);
+            for row in 0..rows {
+                for j in 0..n {
+                    plain[row * n + j] = (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
+                    db[j] += g64[row * n + j];
+                    for i in 0..k {
+                        dw[i * n + j] += x64[row * k + i] * g64[row * n + j];
+                    }
+                }
+            }
+            let bias: Vec<f64> = (0..rows * n).map(|e| plain[e] + bs[e % n] as f64).collect();
+            let res: Vec<f64> = (0..rows * n).map(|e| bias[e] + rs[e] as f64).collect();
+            let tol = if half { 2e-3 } else { 1e-4 };
+            for split in [2, 3, 5] {
+                let mut counts = Vec::new();
+                for d in [&one, &two] {
+                    d.force_tile(Some(tile));
+                    d.force_split(Some(split));
+                    let what = |e: &str| {
+                        format!(
+                            "{e}, {rows}x{k}x{n} in {split} ranges{}, sum in {} dispatch",
+                            if half { ", autocast" } else { "" },
+                            if d.same(&one) {
+                                "the product's"
+                            } else {
+                                "a second"
+                            }
+                        )
+                    };
+                    let x = Tensor::from_slice(d, &xs, &[rows, k])?;
+                    let w = Tensor::from_slice(d, &ws, &[k, n])?;
+                    let b = Tensor::from_slice(d, &bs, &[n])?;
+                    let resid = Tensor::from_slice(d, &rs, &[rows, n])?;
+                    let g = Tensor::from_slice(d, &gs, &[rows, n])?;
+                    let mut count = Vec::new();
+                    let mut dispatches = |f: &mut dyn FnMut() -> Result<Tensor>| {
+                        d.sync()?;
+                        let before = d.counters().dispatches;
+                        let y = f()?;
+                        d.sync()?;
+                        count.push(d.counters().dispatches - before);
+                        Ok::<Tensor, wgrad::Error>(y)
+                    };
+                    for rep in 0..3 {
+                        let y = dispatches(&mut || autocast(half, || x.matmul(&w)))?;
+                        assert_close(&y.to_vec()?, &plain, tol, &what(&format!("plain {rep}")));
+                        let lin = |act| autocast(half, || x.linear(&w, Some(&b), act));
+                        let y = dispatches(&mut || lin(Activation::None))?;
+                        assert_close(&y.to_vec()?, &bias, tol, &what(&format!("bias {rep}")));
+                        let y = dispatches(&mut || {
+                            autocast(half, || x.linear_residual(&w, &b, &resid))
+                        })?;
+                        assert_close(&y.to_vec()?, &res, tol, &what(&format!("res {rep}")));
+                    }
+                    // dW with db from its ones row, twice: the second pass adds into both.
+                    let wg = w.detach().requires_grad();
+                    let bg = b.detach().requires_grad();
+                    for pass in 1..=2 {
+                        let y = autocast(half, || x.linear(&wg, Some(&bg), Activation::None))?;
+                        dispatches(&mut || {
+                            y.backward_with(&g)?;
+                            Ok(y.clone())
+                        })?;
+                        let scale = pass as f64;
+                        let got = grads(&[wg.clone(), bg.clone()])?;
+                        let (w2, b2): (Vec<f64>, Vec<f64>) = (
+                            dw.iter().map(|v| v * scale).collect(),
+                            db.iter().map(|v| v * scale).collect(),
+                        );
+                        assert_close(&got[0], &w2, tol, &what(&format!("dW, pass {pass}")));
+                        assert_close(&got[1], &b2, tol, &what(&format!("db, pass {pass}")));
+                    }
+                    counts.push(count);
+                    d.force_tile(None);
+                    d.force_split(None);
+                }
+                // dW over one row (K = 1) does not split.
+                let fewer: Vec<u64> = (counts[0].iter().enumerate())
+                    .map(|(i, c)| c + if i < 9 || rows > 1 { saved } else { 0 })
+                    .collect();
+                assert_eq!(
+                    fewer, counts[1],
+                    "{rows}x{k}x{n} in {split} ranges: dispatches with the sum in the product's \
+                     dispatch (plus {saved} a split product), then in a second"
+                );
+            }
+        }
+    }
     Ok(())
 }

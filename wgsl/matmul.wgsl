@@ -15,8 +15,10 @@
 // Grid: x over N tiles, y over M tiles, z over the batch (or over ranges of K: `k_range`).
 // Epilogues (entry points): matmul (C (+)= A B), matmul_bias (+ bias per column),
 // matmul_bias_gelu (also saves the pre-activation), matmul_bias_res (+ bias + a residual read
-// through `pre`), matmul_sums (with ONES: the column sums of B too, below). Specialization: BM,
-// BN, BK, TM, TN, VEC, A_V4, B_V4 (operands read as vectors, below), ACC, ONES.
+// through `pre`), matmul_sums (with ONES: the column sums of B too, below), matmul_split (one
+// range of K of a split product, the sum and SPLIT_EPI's epilogue in the same dispatch:
+// matmul_split_tail.wgsl). Specialization: BM, BN, BK, TM, TN, VEC, A_V4, B_V4 (operands read
+// as vectors, below), ACC, ONES, SPLIT_EPI.
 //
 // ONES: A's last row (m = M - 1) is not read but taken as ones, so C's last row is the column
 // sums of B (a linear's bias gradient beside its weight gradient, dW = x^T dz: the sums of dz
@@ -513,4 +515,19 @@ fn matmul_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
             }
         }
     }
+}
+
+// One range of K of a split product (p.batch ranges, z numbering them), its partial stored into
+// `part` and the tile finished by the workgroup of its last range (matmul_split_tail.wgsl).
+@compute @workgroup_size(WG)
+fn matmul_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    tile_product(wid, lid);
+    let base = part_base(wid);
+    for (var i = 0u; i < TM; i++) {
+        let r = lane_row(wid, lid, i) - wid.y * BM;
+        for (var j = 0u; j < TN; j++) {
+            put_part(base + r * BN + lane_col(wid, lid, j) - wid.x * BN, acc_at(i * TN + j));
+        }
+    }
+    split_finish(wid, lid);
 }

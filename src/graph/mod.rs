@@ -10,7 +10,7 @@ mod timing;
 pub use layout::{
     broadcast_shape, coalesce_joint, contiguous_strides, resolve_dim, Layout, MAX_RANK,
 };
-pub use runtime::{Device, Storage, WaitMode, DEFAULT_FLUSH_BOUND};
+pub use runtime::{Device, Storage, WaitMode, DEFAULT_FLUSH_BOUND, SPLIT_TICKETS};
 pub use segment::{Counters, Phase};
 pub use tensor::{Attachment, DType, Tensor};
 pub use timing::{GpuInterval, TimingMode};

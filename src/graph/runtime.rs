@@ -32,7 +32,13 @@ struct Runtime {
     wait: WaitMode,
     /// f32 products on the tensor cores (`DeviceOptions::f32_tensor_cores`, resolved).
     f32_tensor_cores: bool,
+    /// Split products summed in their own dispatch (`DeviceOptions::split_in_one_dispatch`,
+    /// resolved).
+    split_in_one_dispatch: bool,
 }
+
+/// Tiles a product split in one dispatch may have: one ticket (u32) each.
+pub const SPLIT_TICKETS: usize = 1 << 16;
 
 /// How the CPU waits for the GPU (`sync`, read-backs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +95,10 @@ struct State {
     forced_split: Option<u32>,
     /// The products recorded while logging (`log_products`).
     product_log: Option<Vec<ProductKey>>,
+    /// The tickets of products split in one dispatch (`SPLIT_TICKETS` u32, zeroed when made;
+    /// each product sets back to 0 the ones it takes), made when first bound. A buffer, not a
+    /// Storage: a Storage holds its Device.
+    split_tickets: Option<BufferRef>,
 }
 
 /// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
@@ -200,18 +210,30 @@ impl Device {
             forced_tile: None,
             forced_split: None,
             product_log: None,
+            split_tickets: None,
         };
         let wait = WaitMode::for_adapter(&gpu.info);
         let f32_tensor_cores = options
             .f32_tensor_cores
             .unwrap_or_else(|| std::env::var("WGRAD_F32_MATMUL").map_or(true, |v| v != "tiled"))
             && crate::kernels::matmul_coop::Coop::available(&gpu).is_some();
+        // The sum in the product's dispatch relies on device-scope barriers ordering one
+        // workgroup's atomic stores before another's atomic loads, as SPIR-V's do (checked on
+        // lavapipe and NVIDIA's driver); Metal's and DX12's translations are not checked.
+        let split_in_one_dispatch = options.split_in_one_dispatch.unwrap_or_else(|| {
+            std::env::var("WGRAD_SPLIT_SUM").map_or(true, |v| v != "dispatch")
+                && matches!(
+                    gpu.info.backend,
+                    wgpu::Backend::Vulkan | wgpu::Backend::Noop
+                )
+        }) && gpu.limits.max_storage_buffers_per_shader_stage >= 8;
         Ok(Device {
             rt: Arc::new(Runtime {
                 gpu,
                 state: Mutex::new(state),
                 wait,
                 f32_tensor_cores,
+                split_in_one_dispatch,
             }),
         })
     }
@@ -230,6 +252,13 @@ impl Device {
     /// (`DeviceOptions::f32_tensor_cores`; never without cooperative matrices).
     pub fn f32_on_tensor_cores(&self) -> bool {
         self.rt.f32_tensor_cores
+    }
+
+    /// Whether a tiled-kernel product split into ranges of K sums them in its own dispatch
+    /// (the last range of each tile adding the partials: `matmul_split_tail.wgsl`) rather than
+    /// in a second one (`DeviceOptions::split_in_one_dispatch`).
+    pub fn split_in_one_dispatch(&self) -> bool {
+        self.rt.split_in_one_dispatch
     }
 
     pub fn report(&self) -> AdapterReport {
@@ -569,12 +598,48 @@ impl Device {
         buffers: &[&Storage],
         groups: [u32; 3],
     ) {
+        self.record_split(kernel, spec, params, buffers, groups, false);
+    }
+
+    /// `record`, with the split tickets (`split_tickets`) bound after `buffers` where
+    /// `tickets`.
+    pub(crate) fn record_split<P: Pod>(
+        &self,
+        kernel: &'static KernelDesc,
+        spec: &Spec,
+        params: &P,
+        buffers: &[&Storage],
+        groups: [u32; 3],
+        tickets: bool,
+    ) {
         debug_assert_eq!(std::mem::size_of::<P>() as u64, kernel.params_size);
-        debug_assert_eq!(buffers.len(), kernel.storage.len());
-        if groups.contains(&0) {
+        debug_assert_eq!(buffers.len() + tickets as usize, kernel.storage.len());
+        if groups.contains(&0) || skipped(kernel.name) {
             return;
         }
         let mut s = self.state();
+        let mut bound: Vec<BufferRef> = buffers.iter().map(|b| b.buffer_ref()).collect();
+        if tickets {
+            let gpu = &self.rt.gpu;
+            let t = s.split_tickets.get_or_insert_with(|| {
+                // Zeroed here: wgpu zeroes a new buffer only where a binding reads it, and
+                // the tickets are bound read-write (taken as written by the shader). A new
+                // buffer, so the queue's write runs before any work that binds it.
+                let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgrad:split_tickets"),
+                    size: (SPLIT_TICKETS * 4) as u64,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                gpu.queue
+                    .write_buffer(&buffer, 0, &vec![0u8; SPLIT_TICKETS * 4]);
+                BufferRef {
+                    buffer,
+                    id: crate::memory::next_buffer_id(),
+                }
+            });
+            bound.push(t.clone());
+        }
         let pipeline = s.pipelines.get(&self.rt.gpu.device, kernel, spec);
         if !pipeline.is_compiled() {
             s.segment.compiling.push(pipeline.clone());
@@ -583,7 +648,7 @@ impl Device {
         let params_offset = s.segment.params.push(bytemuck::bytes_of(params), align) as u32;
         s.segment.commands.push(Command::Dispatch(Dispatch {
             pipeline,
-            buffers: buffers.iter().map(|b| b.buffer_ref()).collect(),
+            buffers: bound,
             params_offset,
             groups,
         }));
@@ -711,6 +776,25 @@ impl Device {
         s.read_back_pool.release(staging);
         Ok(bytes)
     }
+}
+
+/// `WGRAD_SKIP_KERNELS=name,...` (a measurement switch; results come out wrong): dispatches
+/// of these entry points are not recorded, so a step's time without them bounds what making
+/// them free (or fusing them away) can save inside the step, barriers included.
+fn skipped(name: &str) -> bool {
+    static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SKIP.get_or_init(|| {
+        std::env::var("WGRAD_SKIP_KERNELS")
+            .map(|v| {
+                v.split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+    .iter()
+    .any(|s| s == name)
 }
 
 #[cfg(test)]

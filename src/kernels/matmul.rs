@@ -8,7 +8,10 @@ use super::{Access, Family, KernelDesc, Spec};
 
 pub static FAMILY: Family = Family {
     name: "matmul",
-    source: include_str!("../../wgsl/matmul.wgsl"),
+    source: concat!(
+        include_str!("../../wgsl/matmul.wgsl"),
+        include_str!("../../wgsl/matmul_split_tail.wgsl")
+    ),
     workgroup_reduce: false,
 };
 
@@ -83,6 +86,47 @@ pub static MATMUL_BIAS_GELU: KernelDesc = KernelDesc {
     storage: C_A_B_BIAS_OUT,
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
+
+/// The bindings of a split product in one dispatch (`matmul_split`; matmul_split_tail.wgsl):
+/// C, A, B, the bias, the residual or column sums (`pre`), binding 6 (unread: the
+/// cooperative-matrix kernel's X3 scales in its layouts), the partials (f32 bits, tile by tile)
+/// and the tickets (u32, one a tile, 0 between products).
+pub(crate) const SPLIT_STORAGE: &[Access] = &[
+    Access::ReadWrite,
+    Access::Read,
+    Access::Read,
+    Access::Read,
+    Access::ReadWrite,
+    Access::Read,
+    Access::ReadWrite,
+    Access::ReadWrite,
+];
+
+/// A split product in one dispatch: each range's partial, and the last range of a tile sums
+/// them and stores C through `SplitEpilogue`.
+pub static MATMUL_SPLIT: KernelDesc = KernelDesc {
+    name: "matmul_split",
+    family: &FAMILY,
+    storage: SPLIT_STORAGE,
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
+/// What the last range of a split tile adds before it stores C (SPLIT_EPI in
+/// matmul_split_tail.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitEpilogue {
+    Plain = 0,
+    Bias = 1,
+    BiasResidual = 2,
+    ColumnSums = 3,
+}
+
+impl SplitEpilogue {
+    /// `spec` (a product's, built with SPLIT_EPI 0) for a split in one dispatch.
+    pub fn spec(self, spec: Spec) -> Spec {
+        spec.with_u32("SPLIT_EPI", self as u32)
+    }
+}
 
 pub static SPLIT_FAMILY: Family = Family {
     name: "matmul_split",
@@ -479,7 +523,8 @@ pub fn spec_ones(t: Tile, acc: bool, types: Types, vectors: (bool, bool), ones: 
             .bool("A_V4", vectors.0)
             .bool("B_V4", vectors.1)
             .bool("ACC", acc)
-            .bool("ONES", ones),
+            .bool("ONES", ones)
+            .u32("SPLIT_EPI", 0),
     )
 }
 

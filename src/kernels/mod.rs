@@ -146,6 +146,15 @@ impl Spec {
         self
     }
 
+    /// The constant `name` set to `v`: its entry's value replaced, or an entry added.
+    pub fn with_u32(mut self, name: &'static str, v: u32) -> Spec {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = SpecValue::U32(v),
+            None => self.0.push((name, SpecValue::U32(v))),
+        }
+        self
+    }
+
     pub fn bool(mut self, name: &'static str, v: bool) -> Spec {
         self.0.push((name, SpecValue::Bool(v)));
         self

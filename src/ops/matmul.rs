@@ -4,8 +4,9 @@
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
+use crate::graph::SPLIT_TICKETS;
 use crate::graph::{broadcast_shape, coalesce_joint, DType, Device, Storage, Tensor};
-use crate::kernels::matmul::{self, MatmulParams};
+use crate::kernels::matmul::{self, MatmulParams, SplitEpilogue};
 use crate::kernels::matmul_coop;
 use crate::kernels::tuning::{self, rows_aligned, ProductKey, TileChoice};
 use crate::ops::elementwise::launch_copy;
@@ -498,8 +499,9 @@ impl Tensor {
             }
         };
         // Too few workgroups over a long K: ranges of K in workgroups of their own, partial
-        // products summed by a second kernel, which adds a bias product's bias and residual
-        // (plain, bias and residual products; batch 1; GELU's epilogue does not split).
+        // products summed in the same dispatch by each tile's last range or by a second
+        // kernel, either adding a bias product's bias and residual (plain, bias and residual
+        // products; batch 1; GELU's epilogue does not split).
         let split = match epilogue {
             Epilogue::None
             | Epilogue::Bias(_)
@@ -517,6 +519,10 @@ impl Tensor {
             }
             _ => 1,
         };
+        // Ranges a whole number of K steps long (so vector units stay aligned).
+        let k_split = k.div_ceil(split).next_multiple_of(bk as usize);
+        let splits = k.div_ceil(k_split);
+        let one_dispatch = split > 1 && sums_in_one_dispatch(dev, &choice, m_run, n, splits);
         // A residual product that the cooperative-matrix kernel would store straight from its
         // accumulators (unsplit: tiles inside C) is a bias product, and a second dispatch adds
         // the residual: the residual epilogue goes through the scratch tile, which cost more
@@ -542,10 +548,10 @@ impl Tensor {
                 return Ok(out);
             }
         }
-        // With a split the plain matmul kernel writes f32 partials (no bias), the sum adds the
-        // bias and adds into or writes C.
+        // With a split summed by a second kernel the plain matmul kernel writes f32 partials
+        // (no bias), the sum adds the bias and adds into or writes C.
         let (kernel_types, kernel_acc) = match split {
-            1 => (types, acc),
+            _ if split == 1 || one_dispatch => (types, acc),
             _ => (
                 matmul::Types {
                     c: DType::F32,
@@ -658,10 +664,50 @@ impl Tensor {
             ..params
         };
         let bind = |s| x3_bindings(s, x3_extra.as_ref());
+        if one_dispatch {
+            // Partials tile by tile; the last range of each tile sums them and stores C.
+            let tiles = m_run.div_ceil(bm as usize) * n.div_ceil(bn as usize);
+            let part = Tensor::uninit(dev, &[splits * tiles * (bm * bn) as usize], DType::F32, OP)?;
+            let spare = Tensor::uninit(dev, &[4], DType::U32, OP)?;
+            let (epi, bias_off, pre) = match (&bias, sums, residual) {
+                (Some(b), _, Some(r)) => (SplitEpilogue::BiasResidual, b.layout().offset, r),
+                (Some(b), _, None) => (SplitEpilogue::Bias, b.layout().offset, &spare),
+                (None, Some(s), _) => (SplitEpilogue::ColumnSums, s.layout().offset, s),
+                (None, None, _) => (SplitEpilogue::Plain, 0, &spare),
+            };
+            let params = MatmulParams {
+                batch: splits as u32,
+                k_split: k_split as u32,
+                a_bs: 0,
+                b_bs: 0,
+                bias_off: bias_off as u32,
+                res_off: residual.map_or(0, |r| r.layout().offset as u32),
+                ..params
+            };
+            // Bindings 4 and 6 where nothing is read there: A (read anyway; binding 6 is the
+            // cooperative-matrix kernel's).
+            fn read<'t>(t: Option<&'t Tensor>, a: &'t Tensor) -> &'t Storage {
+                t.unwrap_or(a).storage()
+            }
+            dev.record_split(
+                &matmul::MATMUL_SPLIT,
+                &epi.spec(spec),
+                &params,
+                &[
+                    out.storage(),
+                    a.storage(),
+                    b.storage(),
+                    read(bias.as_ref(), &a),
+                    pre.storage(),
+                    read(x3_extra.as_ref().map(|(scales, _)| scales), &a),
+                    part.storage(),
+                ],
+                [groups[0], groups[1], splits as u32],
+                true,
+            );
+            return Ok(out);
+        }
         if split > 1 {
-            // Ranges a whole number of K steps long (so vector units stay aligned).
-            let k_split = k.div_ceil(split).next_multiple_of(bk as usize);
-            let splits = k.div_ceil(k_split);
             let part = Tensor::uninit(dev, &[splits, m_run, n], DType::F32, OP)?; // (S, M, N)
             let split_params = MatmulParams {
                 batch: splits as u32,
@@ -803,6 +849,37 @@ impl Tensor {
         }
         Ok(out)
     }
+}
+
+/// Outputs a lane of a split tile's last range sums at once (SPLIT_CHUNK in
+/// matmul_split_tail.wgsl): a pass over them waits about one load's latency a range.
+const SPLIT_CHUNK: u32 = 8;
+
+/// The most load latencies (ranges times passes over the tile) the sum a split tile's last
+/// range runs in the product's own dispatch may wait; a longer sum goes to a second dispatch,
+/// whose workgroups share it (the LM head's dX at 4 x 128 splits 16 ways on tiles of 4 passes).
+/// `WGRAD_SPLIT_TAIL=N` sets it (a measurement switch).
+const SPLIT_TAIL_STEPS: usize = 16;
+
+/// Whether a product split into `splits` ranges of K sums them in its own dispatch: a
+/// tiled-kernel product (`Device::split_in_one_dispatch`), a ticket for each of its tiles, and
+/// a short enough sum. Not a cooperative-matrix product: that kernel with the sum in its
+/// dispatch gave wrong products on NVIDIA's driver for most tiles (PROFILING.md, "Split sums in
+/// the product's own dispatch"), so its partials go to a second dispatch.
+fn sums_in_one_dispatch(dev: &Device, choice: &Choice, m: usize, n: usize, splits: usize) -> bool {
+    static TAIL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let most = *TAIL.get_or_init(|| {
+        std::env::var("WGRAD_SPLIT_TAIL")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(SPLIT_TAIL_STEPS)
+    });
+    let Choice::Tiled(t) = choice else {
+        return false;
+    };
+    let tiles = m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize);
+    let passes = (t.bm * t.bn).div_ceil(t.lanes() * SPLIT_CHUNK) as usize;
+    dev.split_in_one_dispatch() && tiles <= SPLIT_TICKETS && splits * passes <= most
 }
 
 /// An X3 product's bindings: `s` with bindings 4 and 5 filled, where the entry point does not

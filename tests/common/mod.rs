@@ -63,6 +63,16 @@ pub fn tiled_dev() -> Device {
     .expect("creating a private wgrad Device")
 }
 
+/// A private Device that sums a split product's ranges of K in a second dispatch (as on Metal
+/// and DX12), for tests that count that dispatch.
+pub fn split_sum_dev() -> Device {
+    Device::with_options(&wgrad::DeviceOptions {
+        split_in_one_dispatch: Some(false),
+        ..Default::default()
+    })
+    .expect("creating a private wgrad Device")
+}
+
 /// A seeded RNG per test: seed = FNV-1a(tag) ^ $WGRAD_TEST_SEED (0 when unset), so a run is
 /// reproducible and another seed gives fresh inputs.
 pub fn rng(tag: &str) -> StdRng {

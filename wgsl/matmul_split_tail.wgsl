@@ -1,0 +1,128 @@
+
+// Split-K in one dispatch (appended to matmul.wgsl, whose entry point matmul_split ends in
+// `split_finish`). Each of a tile's S
+// workgroups (z: its range of K; p.batch = S) stores its partial product into `part`, tile by
+// tile: range s of tile t (t = y * tiles_x + x) is the BM x BN block at (s * tiles + t) * BM *
+// BN, rows BN apart, so no cache line holds two tiles' partials. It then takes a ticket
+// (tickets[t], 0 between products); the workgroup that takes the last one sums the tile's S
+// partials in range order (as the second kernel of a split, matmul_split.wgsl, sums them) and
+// stores C through the split's epilogue, SPLIT_EPI: 0 plain, 1 bias, 2 bias and the residual
+// (through `pre` from res_off), 3 column sums (C's last row to `pre` at bias_off); then it
+// sets the ticket back to 0.
+// Ordering: a workgroup's partial stores, a device-scope barrier, then its ticket; the last
+// workgroup's ticket, a device-scope barrier, then its loads. The partials are stored and
+// loaded as atomics (f32 bits in u32), which those barriers order in either of SPIR-V's memory
+// models: plain accesses are not ordered by them in the Vulkan memory model, which naga uses
+// for a module with cooperative matrices.
+
+@group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
+@group(0) @binding(8) var<storage, read_write> tickets: array<atomic<u32>>;
+
+var<workgroup> split_last: u32;
+
+// Elements of a tile a lane sums at once (`SPLIT_CHUNK` in the launcher, ops/matmul.rs).
+const SPLIT_CHUNK: u32 = 8u;
+
+fn split_tiles_x() -> u32 {
+    return (p.n + BN - 1u) / BN;
+}
+
+// This workgroup's tile among the product's.
+fn split_tile(wid: vec3<u32>) -> u32 {
+    return wid.y * split_tiles_x() + wid.x;
+}
+
+// BM * BN times the tiles of the product: how far apart two ranges' partials of a tile are.
+fn split_range_stride() -> u32 {
+    return split_tiles_x() * ((p.m + BM - 1u) / BM) * BM * BN;
+}
+
+// Where this workgroup's partial (its tile, its range of K) starts in `part`.
+fn part_base(wid: vec3<u32>) -> u32 {
+    return wid.z * split_range_stride() + split_tile(wid) * BM * BN;
+}
+
+// Element i of `part`, stored (`put_part`) and loaded as atomics.
+fn put_part(i: u32, v: f32) {
+    atomicStore(&part[i], bitcast<u32>(v));
+}
+
+fn part_at(i: u32) -> f32 {
+    return bitcast<f32>(atomicLoad(&part[i]));
+}
+
+// Element (gm, gn) of C is v, the sum of the partials, through the split's epilogue.
+fn split_store(gm: u32, gn: u32, v: f32) {
+    let o = p.c_off + gm * p.c_ms + gn * p.c_ns;
+    if (SPLIT_EPI == 3u && gm == p.m - 1u) {
+        let s = p.bias_off + gn;
+        pre[s] = select(v, pre[s] + v, ACC);
+    } else if (SPLIT_EPI == 2u) {
+        store_c(o, v + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn]);
+    } else if (SPLIT_EPI == 1u) {
+        store_c(o, v + bias[p.bias_off + gn]);
+    } else {
+        store_c(o, v);
+    }
+}
+
+// Element e of this workgroup's tile (row-major) is v, where it lies inside C.
+fn split_out(wid: vec3<u32>, e: u32, v: f32) {
+    let gm = wid.y * BM + e / BN;
+    let gn = wid.x * BN + e % BN;
+    if (e < BM * BN && gm < p.m && gn < p.n) {
+        split_store(gm, gn, v);
+    }
+}
+
+// Called by every lane once the workgroup's partial is stored.
+fn split_finish(wid: vec3<u32>, lid: u32) {
+    storageBarrier();
+    let t = split_tile(wid);
+    if (lid == 0u) {
+        let last = atomicAdd(&tickets[t], 1u) + 1u == p.batch;
+        if (last) {
+            atomicStore(&tickets[t], 0u);
+        }
+        split_last = select(0u, 1u, last);
+    }
+    if (workgroupUniformLoad(&split_last) == 0u) {
+        return;
+    }
+    storageBarrier();
+    let first = t * BM * BN;
+    let stride = split_range_stride();
+    // The tile in passes of 8 elements a lane (consecutive lanes, consecutive elements), in 8
+    // sums of their own: each range's 8 loads of a pass are issued together, so a pass waits
+    // about one load's latency a range. (Elements past the tile read its last one.)
+    let end = BM * BN - 1u;
+    for (var e = lid; e < BM * BN; e += WG * SPLIT_CHUNK) {
+        var s0 = 0.0;
+        var s1 = 0.0;
+        var s2 = 0.0;
+        var s3 = 0.0;
+        var s4 = 0.0;
+        var s5 = 0.0;
+        var s6 = 0.0;
+        var s7 = 0.0;
+        for (var s = 0u; s < p.batch; s++) {
+            let o = first + s * stride;
+            s0 += part_at(o + e);
+            s1 += part_at(o + min(e + WG, end));
+            s2 += part_at(o + min(e + 2u * WG, end));
+            s3 += part_at(o + min(e + 3u * WG, end));
+            s4 += part_at(o + min(e + 4u * WG, end));
+            s5 += part_at(o + min(e + 5u * WG, end));
+            s6 += part_at(o + min(e + 6u * WG, end));
+            s7 += part_at(o + min(e + 7u * WG, end));
+        }
+        split_out(wid, e, s0);
+        split_out(wid, e + WG, s1);
+        split_out(wid, e + 2u * WG, s2);
+        split_out(wid, e + 3u * WG, s3);
+        split_out(wid, e + 4u * WG, s4);
+        split_out(wid, e + 5u * WG, s5);
+        split_out(wid, e + 6u * WG, s6);
+        split_out(wid, e + 7u * WG, s7);
+    }
+}
