@@ -622,9 +622,9 @@ impl Device {
         if tickets {
             let gpu = &self.rt.gpu;
             let t = s.split_tickets.get_or_insert_with(|| {
-                // Zeroed here: wgpu zeroes a new buffer only where a binding reads it, and
-                // the tickets are bound read-write (taken as written by the shader). A new
-                // buffer, so the queue's write runs before any work that binds it.
+                // The tickets must start at 0: written so here (wgpu also zeroes a new buffer
+                // before its first use). A new buffer, so the write runs before any work that
+                // binds it.
                 let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("wgrad:split_tickets"),
                     size: (SPLIT_TICKETS * 4) as u64,

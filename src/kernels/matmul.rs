@@ -567,6 +567,18 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
                     if !acc && ty.c == DType::F32 {
                         v.push((&MATMUL_BIAS_RES, spec(t, acc, ty, vectors)));
                     }
+                    // A split product in one dispatch, with each epilogue its sum serves.
+                    for epi in [SplitEpilogue::Plain, SplitEpilogue::Bias] {
+                        v.push((&MATMUL_SPLIT, epi.spec(spec(t, acc, ty, vectors))));
+                    }
+                    if !acc && ty.c == DType::F32 {
+                        let s = spec(t, acc, ty, vectors);
+                        v.push((&MATMUL_SPLIT, SplitEpilogue::BiasResidual.spec(s)));
+                    }
+                    if ty.c == DType::F32 {
+                        let s = spec_ones(t, acc, ty, vectors, true);
+                        v.push((&MATMUL_SPLIT, SplitEpilogue::ColumnSums.spec(s)));
+                    }
                 }
             }
         }

@@ -864,8 +864,8 @@ const SPLIT_TAIL_STEPS: usize = 16;
 /// Whether a product split into `splits` ranges of K sums them in its own dispatch: a
 /// tiled-kernel product (`Device::split_in_one_dispatch`), a ticket for each of its tiles, and
 /// a short enough sum. Not a cooperative-matrix product: that kernel with the sum in its
-/// dispatch gave wrong products on NVIDIA's driver for most tiles (PROFILING.md, "Split sums in
-/// the product's own dispatch"), so its partials go to a second dispatch.
+/// dispatch gave wrong products on NVIDIA's driver for most tiles (PROFILING.md, "What the
+/// 4 x 128 step's small dispatches cost"), so its partials go to a second dispatch.
 fn sums_in_one_dispatch(dev: &Device, choice: &Choice, m: usize, n: usize, splits: usize) -> bool {
     static TAIL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let most = *TAIL.get_or_init(|| {
