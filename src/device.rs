@@ -50,9 +50,9 @@ pub struct DeviceOptions {
     pub f32_tensor_cores: Option<bool>,
     /// Whether a tiled-kernel product split into ranges of K sums them in its own dispatch,
     /// the last range of each tile adding the others' partials (`None`: yes on Vulkan and the
-    /// noop backend with 8 storage bindings a shader, unless `WGRAD_SPLIT_SUM=dispatch`;
-    /// `Some(false)`: a second dispatch sums them, as on Metal and DX12, and as for every
-    /// cooperative-matrix product).
+    /// noop backend, unless `WGRAD_SPLIT_SUM=dispatch`; `Some(true)`: on any backend, Metal's
+    /// and DX12's unchecked; `Some(false)`: a second dispatch sums them, as for every
+    /// cooperative-matrix product). Either way it needs 7 storage bindings a shader.
     pub split_in_one_dispatch: Option<bool>,
 }
 

@@ -564,10 +564,11 @@ fn a_residual_linear_matches_f64() -> Result<()> {
 /// device does (the last range of each tile adds the others' partials:
 /// `matmul_split_tail.wgsl`; on Vulkan, lavapipe among them): one dispatch fewer than with the
 /// sum in a second dispatch, for each epilogue the sum serves (plain, bias, bias and residual,
-/// the column sums beside dW, added into the gradients on a second pass), in f32 and (without
-/// cooperative matrices, which keep the second dispatch) under autocast, each against f64
-/// three times over (each product sets its tickets back to 0 for the next), on a tile whose
-/// sum fits that dispatch.
+/// the column sums beside dW, added into the gradients on a second pass; the bias and the
+/// residual views at offsets), in f32 and (without cooperative matrices, which keep the second
+/// dispatch) under autocast, each against f64 into NaN-poisoned buffers three times over (each
+/// product sets its tickets back to 0 for the next), and bit for bit the same as with the
+/// second dispatch, on a tile whose sum fits that dispatch.
 #[test]
 fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
     use wgrad::kernels::matmul::Tile;
@@ -579,15 +580,22 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
         split_in_one_dispatch: one,
         ..Default::default()
     };
+    // The sum in the product's dispatch wherever it is the default (whatever
+    // WGRAD_SPLIT_SUM says), against a second dispatch.
     let one = wgrad::Device::with_options(&options(None))?;
-    let two = wgrad::Device::with_options(&options(Some(false)))?;
-    assert!(!two.split_in_one_dispatch());
-    if one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan {
+    let vulkan = one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan;
+    if vulkan {
         assert!(
-            one.split_in_one_dispatch(),
+            std::env::var("WGRAD_SPLIT_SUM").is_ok() || one.split_in_one_dispatch(),
             "Vulkan sums a split in one dispatch"
         );
     }
+    let one = match vulkan {
+        true => wgrad::Device::with_options(&options(Some(true)))?,
+        false => one,
+    };
+    let two = wgrad::Device::with_options(&options(Some(false)))?;
+    assert!(!two.split_in_one_dispatch());
     let saved = one.split_in_one_dispatch() as u64;
     // 32 x 32 outputs a tile: one pass of its last range's sum.
     let tile = TileChoice::Tiled(Tile::new(32, 32, 16, 2, 2));
@@ -620,6 +628,7 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
             let tol = if half { 2e-3 } else { 1e-4 };
             for split in [2, 3, 5] {
                 let mut counts = Vec::new();
+                let mut outputs = Vec::new();
                 for d in [&one, &two] {
                     d.force_tile(Some(tile));
                     d.force_split(Some(split));
@@ -636,11 +645,20 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
                     };
                     let x = Tensor::from_slice(d, &xs, &[rows, k])?;
                     let w = Tensor::from_slice(d, &ws, &[k, n])?;
-                    let b = Tensor::from_slice(d, &bs, &[n])?;
-                    let resid = Tensor::from_slice(d, &rs, &[rows, n])?;
+                    // The bias and the residual views at offsets in their buffers.
+                    let pad = |v: &[f32], at: usize| [vec![9.0; at], v.to_vec()].concat();
+                    let b = Tensor::from_slice(d, &pad(&bs, 3), &[n + 3])?.narrow(0, 3, n)?;
+                    let resid = Tensor::from_slice(d, &pad(&rs, 5), &[rows * n + 5])?
+                        .narrow(0, 5, rows * n)?
+                        .reshape(&[rows, n])?;
                     let g = Tensor::from_slice(d, &gs, &[rows, n])?;
                     let mut count = Vec::new();
+                    let mut out = Vec::new();
                     let mut dispatches = |f: &mut dyn FnMut() -> Result<Tensor>| {
+                        // NaN in the buffers an output may take: an element left unstored
+                        // fails.
+                        poison(d, rows * n);
+                        poison(d, k * n);
                         d.sync()?;
                         let before = d.counters().dispatches;
                         let y = f()?;
@@ -649,15 +667,19 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
                         Ok::<Tensor, wgrad::Error>(y)
                     };
                     for rep in 0..3 {
-                        let y = dispatches(&mut || autocast(half, || x.matmul(&w)))?;
-                        assert_close(&y.to_vec()?, &plain, tol, &what(&format!("plain {rep}")));
+                        let y = dispatches(&mut || autocast(half, || x.matmul(&w)))?.to_vec()?;
+                        assert_close(&y, &plain, tol, &what(&format!("plain {rep}")));
+                        out.push(y);
                         let lin = |act| autocast(half, || x.linear(&w, Some(&b), act));
-                        let y = dispatches(&mut || lin(Activation::None))?;
-                        assert_close(&y.to_vec()?, &bias, tol, &what(&format!("bias {rep}")));
+                        let y = dispatches(&mut || lin(Activation::None))?.to_vec()?;
+                        assert_close(&y, &bias, tol, &what(&format!("bias {rep}")));
+                        out.push(y);
                         let y = dispatches(&mut || {
                             autocast(half, || x.linear_residual(&w, &b, &resid))
-                        })?;
-                        assert_close(&y.to_vec()?, &res, tol, &what(&format!("res {rep}")));
+                        })?
+                        .to_vec()?;
+                        assert_close(&y, &res, tol, &what(&format!("res {rep}")));
+                        out.push(y);
                     }
                     // dW with db from its ones row, twice: the second pass adds into both.
                     let wg = w.detach().requires_grad();
@@ -676,8 +698,10 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
                         );
                         assert_close(&got[0], &w2, tol, &what(&format!("dW, pass {pass}")));
                         assert_close(&got[1], &b2, tol, &what(&format!("db, pass {pass}")));
+                        out.extend(got);
                     }
                     counts.push(count);
+                    outputs.push(out);
                     d.force_tile(None);
                     d.force_split(None);
                 }
@@ -689,6 +713,11 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
                     fewer, counts[1],
                     "{rows}x{k}x{n} in {split} ranges: dispatches with the sum in the product's \
                      dispatch (plus {saved} a split product), then in a second"
+                );
+                // The same sums in the same order: the same bits.
+                assert!(
+                    outputs[0] == outputs[1],
+                    "{rows}x{k}x{n} in {split} ranges: the two ways' outputs differ"
                 );
             }
         }

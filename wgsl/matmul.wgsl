@@ -67,7 +67,7 @@ const COL_LANES: u32 = BN / TN;
 const WG: u32 = ROW_LANES * COL_LANES;
 
 // The K range of this workgroup: all of K; or, split (k_split > 0, batch 1: z numbers the
-// ranges, and C holds one partial product per range, c_bs apart),
+// ranges, and C, or matmul_split's `part`, holds one partial product per range),
 // [z * k_split, min(K, (z + 1) * k_split)).
 var<private> k_lo: u32;
 var<private> k_hi: u32;

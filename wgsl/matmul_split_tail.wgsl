@@ -1,22 +1,21 @@
 
 // Split-K in one dispatch (appended to matmul.wgsl, whose entry point matmul_split ends in
-// `split_finish`). Each of a tile's S
-// workgroups (z: its range of K; p.batch = S) stores its partial product into `part`, tile by
-// tile: range s of tile t (t = y * tiles_x + x) is the BM x BN block at (s * tiles + t) * BM *
-// BN, rows BN apart, so no cache line holds two tiles' partials. It then takes a ticket
-// (tickets[t], 0 between products); the workgroup that takes the last one sums the tile's S
-// partials in range order (as the second kernel of a split, matmul_split.wgsl, sums them) and
-// stores C through the split's epilogue, SPLIT_EPI: 0 plain, 1 bias, 2 bias and the residual
+// `split_finish`). Each of a tile's S workgroups (z: its range of K; p.batch = S) stores its
+// partial product into `part`, tile by tile: range s of tile t (t = y * tiles_x + x) is the
+// BM x BN block at (s * tiles + t) * BM * BN, rows BN apart, so no cache line holds two tiles'
+// partials. It then takes a ticket (tickets[t], 0 between products); the workgroup that takes
+// the last one sums the tile's S partials in range order (as the second kernel of a split,
+// matmul_split.wgsl, sums them) and stores C through the split's epilogue, SPLIT_EPI: 0 plain, 1 bias, 2 bias and the residual
 // (through `pre` from res_off), 3 column sums (C's last row to `pre` at bias_off); then it
 // sets the ticket back to 0.
 // Ordering: a workgroup's partial stores, a device-scope barrier, then its ticket; the last
 // workgroup's ticket, a device-scope barrier, then its loads. The partials are stored and
-// loaded as atomics (f32 bits in u32), which those barriers order in either of SPIR-V's memory
-// models: plain accesses are not ordered by them in the Vulkan memory model, which naga uses
-// for a module with cooperative matrices.
+// loaded as atomics (f32 bits in u32): naga does not decorate storage buffers Coherent, so
+// plain loads of another workgroup's stores are not ordered by the barriers in either of
+// SPIR-V's memory models.
 
-@group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
-@group(0) @binding(8) var<storage, read_write> tickets: array<atomic<u32>>;
+@group(0) @binding(6) var<storage, read_write> part: array<atomic<u32>>;
+@group(0) @binding(7) var<storage, read_write> tickets: array<atomic<u32>>;
 
 var<workgroup> split_last: u32;
 

@@ -226,7 +226,7 @@ impl Device {
                     gpu.info.backend,
                     wgpu::Backend::Vulkan | wgpu::Backend::Noop
                 )
-        }) && gpu.limits.max_storage_buffers_per_shader_stage >= 8;
+        }) && gpu.limits.max_storage_buffers_per_shader_stage >= 7;
         Ok(Device {
             rt: Arc::new(Runtime {
                 gpu,

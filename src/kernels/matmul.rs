@@ -88,16 +88,14 @@ pub static MATMUL_BIAS_GELU: KernelDesc = KernelDesc {
 };
 
 /// The bindings of a split product in one dispatch (`matmul_split`; matmul_split_tail.wgsl):
-/// C, A, B, the bias, the residual or column sums (`pre`), binding 6 (unread: the
-/// cooperative-matrix kernel's X3 scales in its layouts), the partials (f32 bits, tile by tile)
-/// and the tickets (u32, one a tile, 0 between products).
+/// C, A, B, the bias, the residual or column sums (`pre`), the partials (f32 bits, tile by
+/// tile) and the tickets (u32, one a tile, 0 between products).
 pub(crate) const SPLIT_STORAGE: &[Access] = &[
     Access::ReadWrite,
     Access::Read,
     Access::Read,
     Access::Read,
     Access::ReadWrite,
-    Access::Read,
     Access::ReadWrite,
     Access::ReadWrite,
 ];

@@ -684,11 +684,8 @@ impl Tensor {
                 res_off: residual.map_or(0, |r| r.layout().offset as u32),
                 ..params
             };
-            // Bindings 4 and 6 where nothing is read there: A (read anyway; binding 6 is the
-            // cooperative-matrix kernel's).
-            fn read<'t>(t: Option<&'t Tensor>, a: &'t Tensor) -> &'t Storage {
-                t.unwrap_or(a).storage()
-            }
+            // Binding 4 where no bias is read: A (read anyway).
+            let bias_or_a = bias.as_ref().unwrap_or(&a);
             dev.record_split(
                 &matmul::MATMUL_SPLIT,
                 &epi.spec(spec),
@@ -697,9 +694,8 @@ impl Tensor {
                     out.storage(),
                     a.storage(),
                     b.storage(),
-                    read(bias.as_ref(), &a),
+                    bias_or_a.storage(),
                     pre.storage(),
-                    read(x3_extra.as_ref().map(|(scales, _)| scales), &a),
                     part.storage(),
                 ],
                 [groups[0], groups[1], splits as u32],
@@ -879,7 +875,13 @@ fn sums_in_one_dispatch(dev: &Device, choice: &Choice, m: usize, n: usize, split
     };
     let tiles = m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize);
     let passes = (t.bm * t.bn).div_ceil(t.lanes() * SPLIT_CHUNK) as usize;
-    dev.split_in_one_dispatch() && tiles <= SPLIT_TICKETS && splits * passes <= most
+    // The partials (whole tiles) and the tickets within one binding each.
+    let binding = dev.gpu().limits.max_storage_buffer_binding_size as usize;
+    let part_bytes = 4 * splits * tiles * (t.bm * t.bn) as usize;
+    dev.split_in_one_dispatch()
+        && tiles <= SPLIT_TICKETS.min(binding / 4)
+        && part_bytes <= binding
+        && splits * passes <= most
 }
 
 /// An X3 product's bindings: `s` with bindings 4 and 5 filled, where the entry point does not
