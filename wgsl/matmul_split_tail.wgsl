@@ -5,9 +5,9 @@
 // BM x BN block at (s * tiles + t) * BM * BN, rows BN apart, so no cache line holds two tiles'
 // partials. It then takes a ticket (tickets[t], 0 between products); the workgroup that takes
 // the last one sums the tile's S partials in range order (as the second kernel of a split,
-// matmul_split.wgsl, sums them) and stores C through the split's epilogue, SPLIT_EPI: 0 plain, 1 bias, 2 bias and the residual
-// (through `pre` from res_off), 3 column sums (C's last row to `pre` at bias_off); then it
-// sets the ticket back to 0.
+// matmul_split.wgsl, sums them) and stores C through the split's epilogue, SPLIT_EPI: 0 plain,
+// 1 bias, 2 bias and the residual (through `pre` from res_off), 3 column sums (C's last row to
+// `pre` at bias_off); then it sets the ticket back to 0.
 // Ordering: a workgroup's partial stores, a device-scope barrier, then its ticket; the last
 // workgroup's ticket, a device-scope barrier, then its loads. The partials are stored and
 // loaded as atomics (f32 bits in u32): naga does not decorate storage buffers Coherent, so
