@@ -215,13 +215,15 @@ pub const SPLIT_MAX: usize = 16;
 /// isolation; 1: none split); unbounded by default.
 pub fn split_cap() -> usize {
     static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| {
-        std::env::var("WGRAD_SPLIT_MAX")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(usize::MAX)
-            .max(1)
-    })
+    *CAP.get_or_init(|| env_usize("WGRAD_SPLIT_MAX", usize::MAX).max(1))
+}
+
+/// The number environment variable `name` holds (a measurement switch), else `default`.
+pub(crate) fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// The ranges to split K into for a product of `tiles` workgroups (a plain or bias product:
@@ -230,12 +232,7 @@ pub fn split_cap() -> usize {
 /// switch), each range at least `SPLIT_MIN_K` long; 1 for none.
 pub fn split_k(tiles: usize, k: usize) -> usize {
     static TARGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let target = *TARGET.get_or_init(|| {
-        std::env::var("WGRAD_SPLIT_TARGET")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(SPLIT_TARGET_GROUPS)
-    });
+    let target = *TARGET.get_or_init(|| env_usize("WGRAD_SPLIT_TARGET", SPLIT_TARGET_GROUPS));
     let want = target / tiles.max(1);
     let most = (k / SPLIT_MIN_K).min(SPLIT_MAX).min(want);
     if most < 2 {

@@ -668,13 +668,19 @@ impl Tensor {
             // Partials tile by tile; the last range of each tile sums them and stores C.
             let tiles = m_run.div_ceil(bm as usize) * n.div_ceil(bn as usize);
             let part = Tensor::uninit(dev, &[splits * tiles * (bm * bn) as usize], DType::F32, OP)?;
-            let spare = Tensor::uninit(dev, &[4], DType::U32, OP)?;
             let (epi, bias_off, pre) = match (&bias, sums, residual) {
-                (Some(b), _, Some(r)) => (SplitEpilogue::BiasResidual, b.layout().offset, r),
-                (Some(b), _, None) => (SplitEpilogue::Bias, b.layout().offset, &spare),
-                (None, Some(s), _) => (SplitEpilogue::ColumnSums, s.layout().offset, s),
-                (None, None, _) => (SplitEpilogue::Plain, 0, &spare),
+                (Some(b), _, Some(r)) => (SplitEpilogue::BiasResidual, b.layout().offset, Some(r)),
+                (Some(b), _, None) => (SplitEpilogue::Bias, b.layout().offset, None),
+                (None, Some(s), _) => (SplitEpilogue::ColumnSums, s.layout().offset, Some(s)),
+                (None, None, _) => (SplitEpilogue::Plain, 0, None),
             };
+            // Where the epilogue reads or writes no `pre`: a buffer of its own (one bound for
+            // writing may not be bound twice).
+            let spare = match pre {
+                Some(_) => None,
+                None => Some(Tensor::uninit(dev, &[4], DType::U32, OP)?),
+            };
+            let pre = pre.or(spare.as_ref()).expect("one of the two");
             let params = MatmulParams {
                 batch: splits as u32,
                 k_split: k_split as u32,
@@ -864,12 +870,7 @@ const SPLIT_TAIL_STEPS: usize = 16;
 /// 4 x 128 step's small dispatches cost"), so its partials go to a second dispatch.
 fn sums_in_one_dispatch(dev: &Device, choice: &Choice, m: usize, n: usize, splits: usize) -> bool {
     static TAIL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let most = *TAIL.get_or_init(|| {
-        std::env::var("WGRAD_SPLIT_TAIL")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(SPLIT_TAIL_STEPS)
-    });
+    let most = *TAIL.get_or_init(|| matmul::env_usize("WGRAD_SPLIT_TAIL", SPLIT_TAIL_STEPS));
     let Choice::Tiled(t) = choice else {
         return false;
     };
