@@ -597,128 +597,166 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
     let two = wgrad::Device::with_options(&options(Some(false)))?;
     assert!(!two.split_in_one_dispatch());
     let saved = one.split_in_one_dispatch() as u64;
-    // 32 x 32 outputs a tile: one pass of its last range's sum.
-    let tile = TileChoice::Tiled(Tile::new(32, 32, 16, 2, 2));
-    let halves: &[bool] = match Coop::available(one.gpu()) {
-        Some(_) => &[false],
-        None => halves(&one),
+    // The tiled kernel's 32 x 32 outputs a tile: one pass of its last range's sum. With
+    // cooperative matrices (f32 products on the tiled kernel, autocast ones on those), tiles of
+    // 1 to 16 fragments a subgroup, one and two stages.
+    let tiled = TileChoice::Tiled(Tile::new(32, 32, 16, 2, 2));
+    let coop = Coop::available(one.gpu());
+    let tiles: Vec<(TileChoice, &[bool])> = match coop {
+        Some(_) => std::iter::once((tiled, &[false][..]))
+            .chain(
+                ["1x1/2x2/32", "2x2/2x2/32", "2x4/4x2/32", "2x2/2x2/32/2"]
+                    .iter()
+                    .map(|t| {
+                        (
+                            TileChoice::parse(&format!("coop {t}")).expect("a tile"),
+                            &[true][..],
+                        )
+                    }),
+            )
+            .collect(),
+        None => vec![(tiled, halves(&one))],
+    };
+    // Passes of the tile's last range over it: a sum of `split` ranges runs in the product's
+    // dispatch where split x passes is at most SPLIT_TAIL_STEPS (the 1x1/2x2 tile: 4 passes,
+    // 2 and 3 ranges; 2x4/4x2: 8 passes, 2 ranges).
+    let passes = |tile: TileChoice| {
+        let (outputs, lanes) = match (tile, coop) {
+            (TileChoice::Tiled(t), _) => (t.bm * t.bn, t.lanes()),
+            (TileChoice::Coop(t), Some(c)) => (t.bm(c.fs) * t.bn(c.fs), t.lanes(c.sgs)),
+            (TileChoice::Coop(_), None) => {
+                unreachable!("cooperative tiles where the adapter has them")
+            }
+        };
+        outputs.div_ceil(lanes * wgrad::ops::SPLIT_CHUNK) as usize
     };
     let mut r = rng("split in one dispatch");
-    for (rows, k, n) in [(37, 3001, 30), (1, 1001, 29), (70, 700, 64)] {
-        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
-        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
-        let bs = rand_vec(&mut r, n, -0.5, 0.5);
-        let rs = rand_vec(&mut r, rows * n, -2.0, 2.0);
-        let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
-        for &half in halves {
-            let (x64, w64, g64) = (round(&xs, half), round(&ws, half), round(&gs, half));
-            let mut plain = vec![0.0; rows * n];
-            let (mut dw, mut db) = (vec![0.0; k * n], vec![0.0; n]);
-            for row in 0..rows {
-                for j in 0..n {
-                    plain[row * n + j] = (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
-                    db[j] += g64[row * n + j];
-                    for i in 0..k {
-                        dw[i * n + j] += x64[row * k + i] * g64[row * n + j];
+    for (tile, halves) in tiles {
+        for (rows, k, n) in [(37, 3001, 30), (1, 1001, 29), (70, 700, 64)] {
+            let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+            let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+            let bs = rand_vec(&mut r, n, -0.5, 0.5);
+            let rs = rand_vec(&mut r, rows * n, -2.0, 2.0);
+            let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
+            for &half in halves {
+                let (x64, w64, g64) = (round(&xs, half), round(&ws, half), round(&gs, half));
+                let mut plain = vec![0.0; rows * n];
+                let (mut dw, mut db) = (vec![0.0; k * n], vec![0.0; n]);
+                for row in 0..rows {
+                    for j in 0..n {
+                        plain[row * n + j] =
+                            (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
+                        db[j] += g64[row * n + j];
+                        for i in 0..k {
+                            dw[i * n + j] += x64[row * k + i] * g64[row * n + j];
+                        }
                     }
                 }
-            }
-            let bias: Vec<f64> = (0..rows * n).map(|e| plain[e] + bs[e % n] as f64).collect();
-            let res: Vec<f64> = (0..rows * n).map(|e| bias[e] + rs[e] as f64).collect();
-            let tol = if half { 2e-3 } else { 1e-4 };
-            for split in [2, 3, 5] {
-                let mut counts = Vec::new();
-                let mut outputs = Vec::new();
-                for d in [&one, &two] {
-                    d.force_tile(Some(tile));
-                    d.force_split(Some(split));
-                    let what = |e: &str| {
-                        format!(
-                            "{e}, {rows}x{k}x{n} in {split} ranges{}, sum in {} dispatch",
-                            if half { ", autocast" } else { "" },
-                            if d.same(&one) {
-                                "the product's"
-                            } else {
-                                "a second"
-                            }
-                        )
-                    };
-                    let x = Tensor::from_slice(d, &xs, &[rows, k])?;
-                    let w = Tensor::from_slice(d, &ws, &[k, n])?;
-                    // The bias and the residual views at offsets in their buffers.
-                    let pad = |v: &[f32], at: usize| [vec![9.0; at], v.to_vec()].concat();
-                    let b = Tensor::from_slice(d, &pad(&bs, 3), &[n + 3])?.narrow(0, 3, n)?;
-                    let resid = Tensor::from_slice(d, &pad(&rs, 5), &[rows * n + 5])?
-                        .narrow(0, 5, rows * n)?
-                        .reshape(&[rows, n])?;
-                    let g = Tensor::from_slice(d, &gs, &[rows, n])?;
-                    let mut count = Vec::new();
-                    let mut out = Vec::new();
-                    let mut dispatches = |f: &mut dyn FnMut() -> Result<Tensor>| {
-                        // NaN in the buffers an output may take: an element left unstored
-                        // fails.
-                        poison(d, rows * n);
-                        poison(d, k * n);
-                        d.sync()?;
-                        let before = d.counters().dispatches;
-                        let y = f()?;
-                        d.sync()?;
-                        count.push(d.counters().dispatches - before);
-                        Ok::<Tensor, wgrad::Error>(y)
-                    };
-                    for rep in 0..3 {
-                        let y = dispatches(&mut || autocast(half, || x.matmul(&w)))?.to_vec()?;
-                        assert_close(&y, &plain, tol, &what(&format!("plain {rep}")));
-                        out.push(y);
-                        let lin = |act| autocast(half, || x.linear(&w, Some(&b), act));
-                        let y = dispatches(&mut || lin(Activation::None))?.to_vec()?;
-                        assert_close(&y, &bias, tol, &what(&format!("bias {rep}")));
-                        out.push(y);
-                        let y = dispatches(&mut || {
-                            autocast(half, || x.linear_residual(&w, &b, &resid))
-                        })?
-                        .to_vec()?;
-                        assert_close(&y, &res, tol, &what(&format!("res {rep}")));
-                        out.push(y);
+                let bias: Vec<f64> = (0..rows * n).map(|e| plain[e] + bs[e % n] as f64).collect();
+                let res: Vec<f64> = (0..rows * n).map(|e| bias[e] + rs[e] as f64).collect();
+                let tol = if half { 2e-3 } else { 1e-4 };
+                for split in [2, 3, 5] {
+                    let mut counts = Vec::new();
+                    let mut outputs = Vec::new();
+                    for d in [&one, &two] {
+                        d.force_tile(Some(tile));
+                        d.force_split(Some(split));
+                        let what = |e: &str| {
+                            format!(
+                                "{e}, {rows}x{k}x{n} in {split} ranges{} on {}, sum in {} dispatch",
+                                if half { ", autocast" } else { "" },
+                                tile.name(),
+                                if d.same(&one) {
+                                    "the product's"
+                                } else {
+                                    "a second"
+                                }
+                            )
+                        };
+                        let x = Tensor::from_slice(d, &xs, &[rows, k])?;
+                        let w = Tensor::from_slice(d, &ws, &[k, n])?;
+                        // The bias and the residual views at offsets in their buffers.
+                        let pad = |v: &[f32], at: usize| [vec![9.0; at], v.to_vec()].concat();
+                        let b = Tensor::from_slice(d, &pad(&bs, 3), &[n + 3])?.narrow(0, 3, n)?;
+                        let resid = Tensor::from_slice(d, &pad(&rs, 5), &[rows * n + 5])?
+                            .narrow(0, 5, rows * n)?
+                            .reshape(&[rows, n])?;
+                        let g = Tensor::from_slice(d, &gs, &[rows, n])?;
+                        let mut count = Vec::new();
+                        let mut out = Vec::new();
+                        let mut dispatches = |f: &mut dyn FnMut() -> Result<Tensor>| {
+                            // NaN in the buffers an output may take: an element left unstored
+                            // fails.
+                            poison(d, rows * n);
+                            poison(d, k * n);
+                            d.sync()?;
+                            let before = d.counters().dispatches;
+                            let y = f()?;
+                            d.sync()?;
+                            count.push(d.counters().dispatches - before);
+                            Ok::<Tensor, wgrad::Error>(y)
+                        };
+                        for rep in 0..3 {
+                            let y =
+                                dispatches(&mut || autocast(half, || x.matmul(&w)))?.to_vec()?;
+                            assert_close(&y, &plain, tol, &what(&format!("plain {rep}")));
+                            out.push(y);
+                            let lin = |act| autocast(half, || x.linear(&w, Some(&b), act));
+                            let y = dispatches(&mut || lin(Activation::None))?.to_vec()?;
+                            assert_close(&y, &bias, tol, &what(&format!("bias {rep}")));
+                            out.push(y);
+                            let y = dispatches(&mut || {
+                                autocast(half, || x.linear_residual(&w, &b, &resid))
+                            })?
+                            .to_vec()?;
+                            assert_close(&y, &res, tol, &what(&format!("res {rep}")));
+                            out.push(y);
+                        }
+                        // dW with db from its ones row, twice: the second pass adds into both.
+                        let wg = w.detach().requires_grad();
+                        let bg = b.detach().requires_grad();
+                        for pass in 1..=2 {
+                            let y = autocast(half, || x.linear(&wg, Some(&bg), Activation::None))?;
+                            dispatches(&mut || {
+                                y.backward_with(&g)?;
+                                Ok(y.clone())
+                            })?;
+                            let scale = pass as f64;
+                            let got = grads(&[wg.clone(), bg.clone()])?;
+                            let (w2, b2): (Vec<f64>, Vec<f64>) = (
+                                dw.iter().map(|v| v * scale).collect(),
+                                db.iter().map(|v| v * scale).collect(),
+                            );
+                            assert_close(&got[0], &w2, tol, &what(&format!("dW, pass {pass}")));
+                            assert_close(&got[1], &b2, tol, &what(&format!("db, pass {pass}")));
+                            out.extend(got);
+                        }
+                        counts.push(count);
+                        outputs.push(out);
+                        d.force_tile(None);
+                        d.force_split(None);
                     }
-                    // dW with db from its ones row, twice: the second pass adds into both.
-                    let wg = w.detach().requires_grad();
-                    let bg = b.detach().requires_grad();
-                    for pass in 1..=2 {
-                        let y = autocast(half, || x.linear(&wg, Some(&bg), Activation::None))?;
-                        dispatches(&mut || {
-                            y.backward_with(&g)?;
-                            Ok(y.clone())
-                        })?;
-                        let scale = pass as f64;
-                        let got = grads(&[wg.clone(), bg.clone()])?;
-                        let (w2, b2): (Vec<f64>, Vec<f64>) = (
-                            dw.iter().map(|v| v * scale).collect(),
-                            db.iter().map(|v| v * scale).collect(),
-                        );
-                        assert_close(&got[0], &w2, tol, &what(&format!("dW, pass {pass}")));
-                        assert_close(&got[1], &b2, tol, &what(&format!("db, pass {pass}")));
-                        out.extend(got);
-                    }
-                    counts.push(count);
-                    outputs.push(out);
-                    d.force_tile(None);
-                    d.force_split(None);
-                }
-                // dW over one row (K = 1) does not split.
-                let fewer: Vec<u64> = (counts[0].iter().enumerate())
-                    .map(|(i, c)| c + if i < 9 || rows > 1 { saved } else { 0 })
-                    .collect();
-                assert_eq!(
+                    // dW over one row (K = 1) does not split.
+                    let saved = match split as usize * passes(tile) <= wgrad::ops::SPLIT_TAIL_STEPS
+                    {
+                        true => saved,
+                        false => 0,
+                    };
+                    let fewer: Vec<u64> = (counts[0].iter().enumerate())
+                        .map(|(i, c)| c + if i < 9 || rows > 1 { saved } else { 0 })
+                        .collect();
+                    assert_eq!(
                     fewer, counts[1],
                     "{rows}x{k}x{n} in {split} ranges: dispatches with the sum in the product's \
                      dispatch (plus {saved} a split product), then in a second"
                 );
-                // The same sums in the same order: the same bits.
-                assert!(
-                    outputs[0] == outputs[1],
-                    "{rows}x{k}x{n} in {split} ranges: the two ways' outputs differ"
-                );
+                    // The same sums in the same order: the same bits.
+                    assert!(
+                        outputs[0] == outputs[1],
+                        "{rows}x{k}x{n} in {split} ranges on {}: the two ways' outputs differ",
+                        tile.name()
+                    );
+                }
             }
         }
     }

@@ -223,6 +223,7 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
         count,
         2 * (4 * (2 * 3 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + (6 * 6 + 4 * 4 + 2 * 4 * 6))
             + 4 * 2 * 2 * (6 + 3 * 4)
+            + 4 * (2 * 2 * (6 + 4 * 4) + 3 * (6 + 3 * 4))
             + 3 * 3
             + 1
             + 2
@@ -232,7 +233,10 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
          sets with an f32 C) x the operand \
          accesses of the 5 type sets (6 ways to read an f16 operand, 4 an f32 one: f16 x f16, \
          f32 x f32, and three with one of each), and direct stores: 4 tiles x acc x plain and bias x \
-         the accesses of the 4 type sets with an f32 C (A's and B's ways paired in order); \
+         the accesses of the 4 type sets with an f32 C (A's and B's ways paired in order), and \
+         split products summed in their dispatch: 4 tiles x the paired accesses of the 5 type sets \
+         x (acc x plain and bias, and with an f32 C acc x column sums and the residual not \
+         accumulating); \
          attention: 3 head dims x 3 (the forward, the backward adding into its outputs or not), and \
          its D; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
          paired accesses of f32 operands x (3 epilogues and column sums), and the residual not \

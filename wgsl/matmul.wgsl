@@ -517,6 +517,18 @@ fn matmul_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     }
 }
 
+// Whether this workgroup took its tile's last ticket (matmul_split_tail.wgsl): lane 0 stores
+// the verdict, the workgroup reads it.
+var<workgroup> split_last: u32;
+
+fn split_verdict(last: bool) {
+    split_last = select(0u, 1u, last);
+}
+
+fn split_is_last() -> bool {
+    return workgroupUniformLoad(&split_last) != 0u;
+}
+
 // One range of K of a split product (p.batch ranges, z numbering them), its partial stored into
 // `part` and the tile finished by the workgroup of its last range (matmul_split_tail.wgsl).
 @compute @workgroup_size(WG)

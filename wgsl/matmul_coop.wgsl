@@ -2,7 +2,9 @@
 // with the operands rounded to f16 and the products accumulated in f32. Same Params and
 // epilogues as matmul.wgsl (whose TS = f16 variant computes the same thing without cooperative
 // matrices), so the launcher picks either kernel for a product. Entry points: matmul_coop,
-// matmul_coop_bias, matmul_coop_bias_gelu, matmul_coop_bias_res, matmul_coop_sums.
+// matmul_coop_bias, matmul_coop_bias_gelu, matmul_coop_bias_res, matmul_coop_sums,
+// matmul_coop_split (a range of K of a split product, summed in the same dispatch:
+// matmul_coop_split.wgsl and matmul_split_tail.wgsl, appended to all but the X3 kernels).
 //
 // Memory layout. A (batch, M, K), B (batch, K, N), C (batch, M, N), each read or written
 // through its strides (a_ms/a_ks, b_ks/b_ns, c_ms/c_ns; a batch stride of 0 broadcasts). A and
@@ -41,7 +43,7 @@
 // A_ONES: A's last row is not read but taken as ones (the launcher checks M - 1 is a multiple
 // of 8), so C's last row is the column sums of B; matmul_coop_sums stores it to `pre` at
 // bias_off (a linear's bias gradient beside dW = x^T dz; split, the partials keep it).
-// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES; types
+// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES, SPLIT_EPI; types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C); snippets TILE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V

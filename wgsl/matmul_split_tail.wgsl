@@ -1,6 +1,6 @@
 
-// Split-K in one dispatch (appended to matmul.wgsl, whose entry point matmul_split ends in
-// `split_finish`). Each of a tile's S workgroups (z: its range of K; p.batch = S) stores its
+// Split-K in one dispatch (appended to matmul.wgsl and matmul_coop.wgsl, whose entry points
+// matmul_split and matmul_coop_split end in `split_finish`). Each of a tile's S workgroups (z: its range of K; p.batch = S) stores its
 // partial product into `part`, tile by tile: range s of tile t (t = y * tiles_x + x) is the
 // BM x BN block at (s * tiles + t) * BM * BN, rows BN apart, so no cache line holds two tiles'
 // partials. It then takes a ticket (tickets[t], 0 between products); the workgroup that takes
@@ -12,12 +12,13 @@
 // workgroup's ticket, a device-scope barrier, then its loads. The partials are stored and
 // loaded as atomics (f32 bits in u32): naga does not decorate storage buffers Coherent, so
 // plain loads of another workgroup's stores are not ordered by the barriers in either of
-// SPIR-V's memory models.
+// SPIR-V's memory models. Lane 0 hands the ticket's verdict to its workgroup through
+// `split_verdict` and `split_is_last`, which the kernel defines: a workgroup variable of its
+// own in the tiled kernel; in the cooperative-matrix kernel, the scratch tile's first element
+// (a workgroup variable beside its tiles gave wrong products on NVIDIA's driver, PROFILING.md).
 
 @group(0) @binding(6) var<storage, read_write> part: array<atomic<u32>>;
 @group(0) @binding(7) var<storage, read_write> tickets: array<atomic<u32>>;
-
-var<workgroup> split_last: u32;
 
 // Elements of a tile a lane sums at once (`SPLIT_CHUNK` in the launcher, ops/matmul.rs).
 const SPLIT_CHUNK: u32 = 8u;
@@ -83,9 +84,9 @@ fn split_finish(wid: vec3<u32>, lid: u32) {
         if (last) {
             atomicStore(&tickets[t], 0u);
         }
-        split_last = select(0u, 1u, last);
+        split_verdict(last);
     }
-    if (workgroupUniformLoad(&split_last) == 0u) {
+    if (!split_is_last()) {
         return;
     }
     storageBarrier();

@@ -8,11 +8,25 @@
 //! which dim and whether a unit is one aligned 16-byte load (the fast path, checked here against
 //! the operand's strides and its buffer) or a gather of 8 elements.
 
-use super::matmul::{MatmulParams, OperandLayout, Types, C_A_B_BIAS_OUT, STEP_TYPES};
+use super::matmul::{
+    MatmulParams, OperandLayout, SplitEpilogue, Types, C_A_B_BIAS_OUT, SPLIT_STORAGE, STEP_TYPES,
+};
 use super::{Access, DType, Family, KernelDesc, Spec};
 
 pub static FAMILY: Family = Family {
     name: "matmul_coop",
+    source: concat!(
+        include_str!("../../wgsl/matmul_coop.wgsl"),
+        include_str!("../../wgsl/matmul_split_tail.wgsl"),
+        include_str!("../../wgsl/matmul_coop_split.wgsl")
+    ),
+    workgroup_reduce: false,
+};
+
+/// The X3 entry points' source: without the split in one dispatch, whose partials' binding
+/// their operands' scales take.
+static X3_FAMILY: Family = Family {
+    name: "matmul_coop_x3",
     source: include_str!("../../wgsl/matmul_coop.wgsl"),
     workgroup_reduce: false,
 };
@@ -62,6 +76,16 @@ pub static MATMUL_COOP_BIAS_GELU: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
+/// A range of K of a split product, its tile's last range summing the ranges' partials in the
+/// same dispatch (`matmul::MATMUL_SPLIT`'s bindings and epilogues). Not X3: its `scales` take
+/// the partials' binding.
+pub static MATMUL_COOP_SPLIT: KernelDesc = KernelDesc {
+    name: "matmul_coop_split",
+    family: &FAMILY,
+    storage: SPLIT_STORAGE,
+    params_size: std::mem::size_of::<MatmulParams>() as u64,
+};
+
 /// The storage bindings of the X3 entry points (f32 operands as three f16 products): those of
 /// `C_A_B_BIAS_OUT`, then the operands' partial maxima (`absmax`), read.
 const X3_STORAGE: &[Access] = &[
@@ -76,7 +100,7 @@ const X3_STORAGE: &[Access] = &[
 const fn x3_desc(name: &'static str) -> KernelDesc {
     KernelDesc {
         name,
-        family: &FAMILY,
+        family: &X3_FAMILY,
         storage: X3_STORAGE,
         params_size: std::mem::size_of::<MatmulParams>() as u64,
     }
@@ -444,6 +468,7 @@ pub fn spec_ones(
         .bool("ACC", acc)
         .bool("A_ONES", ones)
         .bool("B_ONES", false)
+        .u32("SPLIT_EPI", 0)
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
         .source("UNROLLED", generated(t, coop, c_direct && !x3, x3))
 }
@@ -995,6 +1020,23 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                         for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS] {
                             v.push((kernel, spec(t, acc, ty, coop, (a, b), true)));
                         }
+                    }
+                }
+                // A split product in one dispatch, with each epilogue its sum serves (the ways
+                // of reading A and B paired in order).
+                for (&a, &b) in a_ways.iter().zip(&b_ways) {
+                    let s = |ones| spec_ones(t, acc, ty, coop, (a, b), false, ones, false);
+                    for epi in [SplitEpilogue::Plain, SplitEpilogue::Bias] {
+                        v.push((&MATMUL_COOP_SPLIT, epi.spec(s(false))));
+                    }
+                    if !acc && ty.c == DType::F32 {
+                        v.push((
+                            &MATMUL_COOP_SPLIT,
+                            SplitEpilogue::BiasResidual.spec(s(false)),
+                        ));
+                    }
+                    if ty.c == DType::F32 {
+                        v.push((&MATMUL_COOP_SPLIT, SplitEpilogue::ColumnSums.spec(s(true))));
                     }
                 }
             }

@@ -522,7 +522,8 @@ impl Tensor {
         // Ranges a whole number of K steps long (so vector units stay aligned).
         let k_split = k.div_ceil(split).next_multiple_of(bk as usize);
         let splits = k.div_ceil(k_split);
-        let one_dispatch = split > 1 && sums_in_one_dispatch(dev, &choice, m_run, n, splits);
+        let one_dispatch =
+            split > 1 && sums_in_one_dispatch(dev, &choice, on_x3, (m_run, n), splits);
         // A residual product that the cooperative-matrix kernel would store straight from its
         // accumulators (unsplit: tiles inside C) is a bias product, and a second dispatch adds
         // the residual: the residual epilogue goes through the scratch tile, which cost more
@@ -584,14 +585,16 @@ impl Tensor {
                     1 => (params.c_off, params.c_ms, params.c_bs),
                     _ => (0, n as u32, (m_run * n) as u32),
                 };
-                let c_direct = matches!(
-                    epilogue,
-                    Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_)
-                ) && stores_direct(
-                    kernel_types.c,
-                    (c_off, c_ms, c_bs),
-                    if split > 1 { 1 } else { params.c_ns },
-                );
+                let c_direct = !one_dispatch
+                    && matches!(
+                        epilogue,
+                        Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_)
+                    )
+                    && stores_direct(
+                        kernel_types.c,
+                        (c_off, c_ms, c_bs),
+                        if split > 1 { 1 } else { params.c_ns },
+                    );
 
                 (
                     if on_x3 {
@@ -692,8 +695,12 @@ impl Tensor {
             };
             // Binding 4 where no bias is read: A (read anyway).
             let bias_or_a = bias.as_ref().unwrap_or(&a);
+            let kernel = match choice {
+                Choice::Coop(..) => &matmul_coop::MATMUL_COOP_SPLIT,
+                Choice::Tiled(_) => &matmul::MATMUL_SPLIT,
+            };
             dev.record_split(
-                &matmul::MATMUL_SPLIT,
+                kernel,
                 &epi.spec(spec),
                 &params,
                 &[
@@ -855,30 +862,37 @@ impl Tensor {
 
 /// Outputs a lane of a split tile's last range sums at once (SPLIT_CHUNK in
 /// matmul_split_tail.wgsl): a pass over them waits about one load's latency a range.
-const SPLIT_CHUNK: u32 = 8;
+pub const SPLIT_CHUNK: u32 = 8;
 
 /// The most load latencies (ranges times passes over the tile) the sum a split tile's last
 /// range runs in the product's own dispatch may wait; a longer sum goes to a second dispatch,
 /// whose workgroups share it (the LM head's dX at 4 x 128 splits 16 ways on tiles of 4 passes).
 /// `WGRAD_SPLIT_TAIL=N` sets it (a measurement switch).
-const SPLIT_TAIL_STEPS: usize = 16;
+pub const SPLIT_TAIL_STEPS: usize = 16;
 
-/// Whether a product split into `splits` ranges of K sums them in its own dispatch: a
-/// tiled-kernel product (`Device::split_in_one_dispatch`), a ticket for each of its tiles, and
-/// a short enough sum. Not a cooperative-matrix product: that kernel with the sum in its
-/// dispatch gave wrong products on NVIDIA's driver for most tiles (PROFILING.md, "What the
-/// 4 x 128 step's small dispatches cost"), so its partials go to a second dispatch.
-fn sums_in_one_dispatch(dev: &Device, choice: &Choice, m: usize, n: usize, splits: usize) -> bool {
+/// Whether a product split into `splits` ranges of K sums them in its own dispatch
+/// (`Device::split_in_one_dispatch`): on the tiled kernel or the cooperative-matrix one (not X3,
+/// whose operands' scales take the partials' binding), a ticket for each of its tiles, and a
+/// short enough sum.
+fn sums_in_one_dispatch(
+    dev: &Device,
+    choice: &Choice,
+    on_x3: bool,
+    (m, n): (usize, usize),
+    splits: usize,
+) -> bool {
     static TAIL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let most = *TAIL.get_or_init(|| matmul::env_usize("WGRAD_SPLIT_TAIL", SPLIT_TAIL_STEPS));
-    let Choice::Tiled(t) = choice else {
-        return false;
+    let (bm, bn, lanes) = match choice {
+        Choice::Tiled(t) => (t.bm, t.bn, t.lanes()),
+        Choice::Coop(_, _) if on_x3 => return false,
+        Choice::Coop(coop, t) => (t.bm(coop.fs), t.bn(coop.fs), t.lanes(coop.sgs)),
     };
-    let tiles = m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize);
-    let passes = (t.bm * t.bn).div_ceil(t.lanes() * SPLIT_CHUNK) as usize;
+    let tiles = m.div_ceil(bm as usize) * n.div_ceil(bn as usize);
+    let passes = (bm * bn).div_ceil(lanes * SPLIT_CHUNK) as usize;
     // The partials (whole tiles) and the tickets within one binding each.
     let binding = dev.gpu().limits.max_storage_buffer_binding_size as usize;
-    let part_bytes = 4 * splits * tiles * (t.bm * t.bn) as usize;
+    let part_bytes = 4 * splits * tiles * (bm * bn) as usize;
     dev.split_in_one_dispatch()
         && tiles <= SPLIT_TICKETS.min(binding / 4)
         && part_bytes <= binding
