@@ -50,23 +50,17 @@ fn chunks(rows: usize) -> (usize, usize) {
     (n_chunks, rows.div_ceil(n_chunks))
 }
 
-/// Chunks a group when the backward sums dgamma and dbeta in its own dispatch: the group's
-/// last workgroup sums its group's partials, then the last group's the groups' sums, each lane
-/// a column's in slice order, so a ceil(sqrt(n_chunks)) group makes the two sums about equally
-/// long (16 and 16 at 256 chunks, DistilGPT-2 at 4 x 128). Not timed yet.
-/// `WGRAD_LN_GROUP=N` sets it (a measurement switch).
+/// Chunks a group where the backward sums dgamma and dbeta in its own dispatch. Two sums run
+/// one after the other at its end: a group's last workgroup adds the group's partials (a
+/// group's chunks a column), then the last of those adds the groups' (the groups a column);
+/// ceil(sqrt(n_chunks)) makes the two about equally long (16 and 16 at DistilGPT-2's 4 x 128:
+/// 256 chunks). Not timed yet. `WGRAD_LN_GROUP=N` sets it (a measurement switch).
 fn group_chunks(n_chunks: usize) -> usize {
     static GROUP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let set = *GROUP.get_or_init(|| crate::kernels::matmul::env_usize("WGRAD_LN_GROUP", 0));
+    let sqrt = n_chunks.isqrt();
     match set {
-        0 => {
-            let g = n_chunks.isqrt();
-            if g * g < n_chunks {
-                g + 1
-            } else {
-                g
-            }
-        }
+        0 => sqrt + (sqrt * sqrt < n_chunks) as usize,
         g => g.min(n_chunks),
     }
     .max(1)
