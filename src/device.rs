@@ -52,7 +52,8 @@ pub struct DeviceOptions {
     /// the last range of each tile adding the others' partials (`None`: yes on Vulkan and the
     /// noop backend, unless `WGRAD_SPLIT_SUM=dispatch`; `Some(true)`: on any backend, Metal's
     /// and DX12's unchecked; `Some(false)`: a second dispatch sums them, as for every
-    /// cooperative-matrix product). Either way it needs 7 storage bindings a shader.
+    /// cooperative-matrix product). Either way it needs 7 storage bindings a shader. The
+    /// LayerNorm backward's parameter sums follow it (with 10 storage bindings a shader).
     pub split_in_one_dispatch: Option<bool>,
 }
 

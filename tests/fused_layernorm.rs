@@ -3,7 +3,8 @@
 //! existing ops, from f32 and f16 output gradients, for each subset of inputs wanting one, and
 //! added into existing gradients; backward against finite differences; errors; gradient
 //! accumulation into a shared gamma and into a reused x; gradient targets at an offset; the
-//! workgroup-memory reduction path; and its dispatch counts.
+//! workgroup-memory reduction path; its dispatch counts; and dgamma and dbeta summed in the
+//! backward's own dispatch against f64, run after run.
 
 mod common;
 
@@ -310,77 +311,92 @@ fn gamma_and_beta_as_rows_of_one_parameter() -> Result<()> {
 
 #[test]
 fn dispatch_counts() -> Result<()> {
-    let d = private_dev();
     let mut rng = rng("layernorm_dispatches");
     let shape = [33, 768];
     let (x, gamma, beta) = inputs(&mut rng, &shape);
-    let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(&d);
-    let mut counts = Vec::new();
-    for fused in [true, false] {
-        let [px, pg, pb] = [&x, &gamma, &beta].map(|a| a.upload(&d).requires_grad());
-        let c0 = d.counters();
-        let y = if fused {
-            px.layer_norm(&pg, &pb, EPS)?
-        } else {
-            px.layer_norm_unfused(&pg, &pb, EPS)?
-        };
-        let c1 = d.counters();
-        y.backward_with(&seed)?;
-        let c2 = d.counters();
-        counts.push(((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches));
+    // The parameter sums in the backward's dispatch (where the device does so), then in a
+    // second.
+    for d in [private_dev(), split_sum_dev()] {
+        let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(&d);
+        let mut counts = Vec::new();
+        for fused in [true, false] {
+            let [px, pg, pb] = [&x, &gamma, &beta].map(|a| a.upload(&d).requires_grad());
+            let c0 = d.counters();
+            let y = if fused {
+                px.layer_norm(&pg, &pb, EPS)?
+            } else {
+                px.layer_norm_unfused(&pg, &pb, EPS)?
+            };
+            let c1 = d.counters();
+            y.backward_with(&seed)?;
+            let c2 = d.counters();
+            counts.push(((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches));
+        }
+        let sums = !ln_sums_in_one_dispatch(&d) as u64;
+        println!(
+            "layer_norm dispatches (forward, backward), sums in {} dispatch: fused {:?}, \
+             unfused {:?}",
+            if sums == 0 {
+                "the backward's"
+            } else {
+                "a second"
+            },
+            counts[0],
+            counts[1]
+        );
+        // Forward: one kernel. Backward: dx with the chunks' partial dgamma and dbeta, and
+        // both sums in the same dispatch or a second.
+        assert_eq!(counts[0], (1, 1 + sums));
     }
-    println!(
-        "layer_norm dispatches (forward, backward): fused {:?}, unfused {:?}",
-        counts[0], counts[1]
-    );
-    // Forward: one kernel. Backward: dx with the chunks' partial dgamma and dbeta, then both
-    // sums.
-    assert_eq!(counts[0], (1, 2));
     Ok(())
 }
 
 #[test]
 fn dispatch_counts_with_an_f16_output_and_some_gradients() -> Result<()> {
-    let d = private_dev();
     let mut rng = rng("layernorm_dispatches_f16");
     let shape = [33, 768];
     let (x, gamma, beta) = inputs(&mut rng, &shape);
     let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0);
-    let seed = Tensor::from_slice_as(&d, &seed.f32s(), &shape, DType::F16)?;
-    // (x, gamma, beta wanting a gradient) -> backward dispatches: dx alone is one; the
-    // parameters take the partials (with dx where wanted) and one sum for one or both.
-    for (want, backward) in [
-        ([true, true, true], 2),
-        ([true, false, false], 1),
-        ([false, true, true], 2),
-        ([false, true, false], 2),
-        ([true, false, true], 2),
-    ] {
-        let [px, pg, pb] = [&x, &gamma, &beta]
-            .iter()
-            .zip(want)
-            .map(|(a, w)| {
-                let t = a.upload(&d);
-                if w {
-                    t.requires_grad()
-                } else {
-                    t
-                }
-            })
-            .collect::<Vec<_>>()
-            .try_into()
-            .expect("three inputs");
-        let c0 = d.counters();
-        let y = px.layer_norm_as(&pg, &pb, EPS, DType::F16)?;
-        let c1 = d.counters();
-        y.backward_with(&seed)?;
-        let c2 = d.counters();
-        assert_eq!(y.dtype(), DType::F16);
-        assert_eq!(
-            ((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches),
-            (1, backward),
-            "{want:?}"
-        );
+    for d in [private_dev(), split_sum_dev()] {
+        let seed = Tensor::from_slice_as(&d, &seed.f32s(), &shape, DType::F16)?;
+        let sums = !ln_sums_in_one_dispatch(&d) as u64;
+        // (x, gamma, beta wanting a gradient) -> backward dispatches: dx alone is one; the
+        // parameters take the partials (with dx where wanted) and their sums for one or both,
+        // in the same dispatch or a second.
+        for (want, backward) in [
+            ([true, true, true], 1 + sums),
+            ([true, false, false], 1),
+            ([false, true, true], 1 + sums),
+            ([false, true, false], 1 + sums),
+            ([true, false, true], 1 + sums),
+        ] {
+            let [px, pg, pb] = [&x, &gamma, &beta]
+                .iter()
+                .zip(want)
+                .map(|(a, w)| {
+                    let t = a.upload(&d);
+                    if w {
+                        t.requires_grad()
+                    } else {
+                        t
+                    }
+                })
+                .collect::<Vec<_>>()
+                .try_into()
+                .expect("three inputs");
+            let c0 = d.counters();
+            let y = px.layer_norm_as(&pg, &pb, EPS, DType::F16)?;
+            let c1 = d.counters();
+            y.backward_with(&seed)?;
+            let c2 = d.counters();
+            assert_eq!(y.dtype(), DType::F16);
+            assert_eq!(
+                ((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches),
+                (1, backward),
+                "{want:?}, sums in a second dispatch: {}",
+                sums == 1
+            );
+        }
     }
     Ok(())
 }
@@ -514,6 +530,197 @@ fn zero_rows_give_zero_gamma_and_beta_gradients() -> Result<()> {
     for p in [&gamma, &beta] {
         let g = p.grad().expect("reached by backward").to_vec()?;
         assert_eq!(g, vec![0.0; 7]);
+    }
+    Ok(())
+}
+
+/// dx, dgamma, dbeta of sum(LN(x) * dy) in f64 (biased variance, as the kernel).
+fn ln_backward_ref(x: &Arr, gamma: &Arr, dy: &Arr) -> [Vec<f64>; 3] {
+    let cols = gamma.numel();
+    let n = cols as f64;
+    let mut dx = Vec::with_capacity(x.numel());
+    let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
+    for (row, dy) in x.data.chunks(cols).zip(dy.data.chunks(cols)) {
+        let mean = row.iter().sum::<f64>() / n;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+        let rstd = 1.0 / (var + EPS as f64).sqrt();
+        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let dxhat: Vec<f64> = dy.iter().zip(&gamma.data).map(|(d, g)| d * g).collect();
+        let m1 = dxhat.iter().sum::<f64>() / n;
+        let m2 = dxhat.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n;
+        for c in 0..cols {
+            dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
+            dgamma[c] += dy[c] * xhat[c];
+            dbeta[c] += dy[c];
+        }
+    }
+    [dx, dgamma, dbeta]
+}
+
+/// The backward's chunks over `rows` rows, and their groups where it sums dgamma and dbeta in
+/// its own dispatch (`ops::layernorm`'s defaults: chunks of 2 rows or more, 1024 at most, in
+/// groups of ceil(sqrt(chunks))).
+fn chunks_and_groups(rows: usize) -> (usize, usize) {
+    let chunks = rows.div_ceil(2).clamp(1, 1024);
+    let group = (1..).find(|g| g * g >= chunks).expect("a group size");
+    (chunks, chunks.div_ceil(group))
+}
+
+/// Whether `d`'s LayerNorm backward sums dgamma and dbeta in its own dispatch (as
+/// `ops::layernorm` decides for the shapes the tests use): where it sums split products in
+/// one, unless `WGRAD_LN_SUM=dispatch`.
+fn ln_sums_in_one_dispatch(d: &Device) -> bool {
+    d.split_in_one_dispatch() && std::env::var("WGRAD_LN_SUM").map_or(true, |v| v != "dispatch")
+}
+
+/// The backward sums dgamma and dbeta in its own dispatch where the device does split sums so
+/// (`layernorm_backward_params`: the last workgroup of each group of chunks sums the group's
+/// partials, the last of those the groups'; on Vulkan, lavapipe among them): one dispatch fewer
+/// than with the sums in a second dispatch. Each way against f64 into NaN-poisoned buffers, at
+/// shapes of one chunk, of one group, of groups and chunks that do not divide, of C past the
+/// 1024 columns a lane keeps in registers and past 2048, and of chunks past the rows; for each
+/// set of inputs wanting a gradient (dgamma and dbeta written, added into, or not wanted), three
+/// backward passes in a row: written, added into (the tickets back at 0 after the first, or
+/// the second sums nothing), written again after zero_grad, with the same bits as the first.
+#[test]
+fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
+    // The sums in the backward's dispatch wherever that is the default (whatever
+    // WGRAD_SPLIT_SUM says), against a second dispatch.
+    let options = |one| wgrad::DeviceOptions {
+        split_in_one_dispatch: one,
+        ..Default::default()
+    };
+    let one = Device::with_options(&options(None))?;
+    let vulkan = one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan;
+    let one = match vulkan {
+        true => Device::with_options(&options(Some(true)))?,
+        false => one,
+    };
+    let two = split_sum_dev();
+    let saved = ln_sums_in_one_dispatch(&one) as u64;
+    assert!(
+        !vulkan || saved == 1 || std::env::var("WGRAD_LN_SUM").is_ok(),
+        "Vulkan sums dgamma and dbeta in the backward's dispatch"
+    );
+    assert!(!ln_sums_in_one_dispatch(&two));
+    let mut rng = rng("layernorm_params_in_one_dispatch");
+    // (rows, C): chunks of 2 rows (at most 1024 of them) in groups of ceil(sqrt(chunks)).
+    for (rows, cols) in [
+        (1, 7),     // 1 chunk
+        (4, 300),   // 2 chunks, 1 group of 2
+        (37, 1030), // 19 chunks (the last of 1 row), 4 groups of 5 (the last of 4)
+        (70, 2100), // 35 chunks, 6 groups of 6 (the last of 5); 3 tail passes over C
+        (513, 768), // 257 chunks, 16 groups of 17 (the last of 2)
+        (2500, 33), // 1024 chunks of 3 rows (190 past the rows), 32 groups of 32
+    ] {
+        let shape = [rows, cols];
+        let (x, gamma, beta) = inputs(&mut rng, &shape);
+        let dy = Arr::rand(&mut rng, &shape, -1.0, 1.0);
+        let want = ln_backward_ref(&x, &gamma, &dy);
+        // (x, gamma, beta) wanting a gradient; `fresh_beta`: beta a new leaf every pass, so
+        // that dbeta is written while dgamma is added into.
+        for (wants, fresh_beta) in [
+            ([true, true, true], false),
+            ([false, true, true], false),
+            ([true, true, false], false),
+            ([false, false, true], false),
+            ([false, true, true], true),
+            ([true, false, false], false),
+        ] {
+            let mut counts = Vec::new();
+            for d in [&one, &two] {
+                let what = |e: &str| {
+                    format!(
+                        "{e} {shape:?}, wanting {wants:?}{}, sums in {} dispatch",
+                        if fresh_beta {
+                            " (beta new every pass)"
+                        } else {
+                            ""
+                        },
+                        if d.same(&one) { "its own" } else { "a second" }
+                    )
+                };
+                let leaf = |a: &Arr, w: bool| {
+                    let t = a.upload(d);
+                    if w {
+                        t.requires_grad()
+                    } else {
+                        t
+                    }
+                };
+                let [px, pg, mut pb] =
+                    [(&x, 0), (&gamma, 1), (&beta, 2)].map(|(a, i)| leaf(a, wants[i]));
+                let seed = dy.upload(d);
+                let mut count = Vec::new();
+                let mut first: Vec<Vec<f32>> = Vec::new();
+                for pass in 1..=3 {
+                    if pass == 3 {
+                        for p in [&px, &pg, &pb] {
+                            p.zero_grad();
+                        }
+                    }
+                    if fresh_beta && pass > 1 {
+                        pb = leaf(&beta, wants[2]);
+                    }
+                    let y = px.layer_norm(&pg, &pb, EPS)?;
+                    // NaN in every buffer an output or the partials may take.
+                    let (chunks, groups) = chunks_and_groups(rows);
+                    for n in [
+                        cols,
+                        rows * cols,
+                        2 * chunks * cols,
+                        2 * (chunks + groups) * cols,
+                    ] {
+                        poison(d, n);
+                    }
+                    d.sync()?;
+                    let before = d.counters().dispatches;
+                    y.backward_with(&seed)?;
+                    d.sync()?;
+                    count.push(d.counters().dispatches - before);
+                    let mut got = Vec::new();
+                    for (i, (p, name)) in [(&px, "dx"), (&pg, "dgamma"), (&pb, "dbeta")]
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let Some(g) = p.grad() else {
+                            assert!(!wants[i], "{}", what(&format!("no {name}")));
+                            continue;
+                        };
+                        assert!(wants[i], "{}", what(&format!("a {name}")));
+                        let g = g.to_vec()?;
+                        // The second pass adds into the first's gradients (beta's, when new
+                        // every pass, is written).
+                        let scale = if pass == 2 && !(i == 2 && fresh_beta) {
+                            2.0
+                        } else {
+                            1.0
+                        };
+                        let w: Vec<f64> = want[i].iter().map(|v| v * scale).collect();
+                        assert_close(&g, &w, TOL, &what(&format!("{name}, pass {pass}")));
+                        got.push(g);
+                    }
+                    match pass {
+                        1 => first = got,
+                        // The same sums in the same order: the same bits.
+                        3 => assert!(
+                            first == got,
+                            "{}",
+                            what("pass 3's bits differ from pass 1's")
+                        ),
+                        _ => {}
+                    }
+                }
+                counts.push(count);
+            }
+            let params = (wants[1] || wants[2]) as u64;
+            let fewer: Vec<u64> = counts[0].iter().map(|c| c + saved * params).collect();
+            assert_eq!(
+                fewer, counts[1],
+                "{shape:?} wanting {wants:?}: backward dispatches with the sums in its own \
+                 dispatch (plus {saved} where dgamma or dbeta is wanted), then in a second"
+            );
+        }
     }
     Ok(())
 }

@@ -90,6 +90,53 @@ impl BackwardCtx<'_> {
         })
     }
 
+    /// `put_pair_with` for three inputs `i`, `j`, `k`, all wanting a gradient: one `f` (one
+    /// kernel writing three gradients) handed the three targets at once, returning (i's, j's,
+    /// k's). Where two of them belong to the same leaf, node or view base, `f` makes all three
+    /// new and each is put in turn.
+    pub(crate) fn put_triple_with(
+        &mut self,
+        [i, j, k]: [usize; 3],
+        f: impl FnOnce(Out<'_>, Out<'_>, Out<'_>) -> Result<(Tensor, Tensor, Tensor)>,
+    ) -> Result<()> {
+        let [xi, xj, xk] = [i, j, k].map(|n| &self.inputs[n]);
+        if [i, j, k].iter().any(|&n| !self.needed(n)) {
+            return Err(Error::InvalidArgument {
+                op: "backward",
+                reason: "put_triple_with for an input that wants no gradient (an engine \
+                         invariant was broken)"
+                    .into(),
+            });
+        }
+        let [oi, oj, ok] = [xi, xj, xk].map(grad_owner);
+        if oi == oj || oi == ok || oj == ok {
+            let (ti, tj, tk) = f(Out::New, Out::New, Out::New)?;
+            let pass = |t: Tensor| {
+                move |out: Out<'_>| match out {
+                    Out::New => Ok(t),
+                    out => copy_into(&t, out),
+                }
+            };
+            self.put_with(i, pass(ti))?;
+            self.put_with(j, pass(tj))?;
+            return self.put_with(k, pass(tk));
+        }
+        put_into(self.store, xi, |out_i, store| {
+            let mut ti = None;
+            put_into(store, xj, |out_j, store| {
+                let mut tj = None;
+                put_into(store, xk, |out_k, _| {
+                    let (a, b, c) = f(out_i, out_j, out_k)?;
+                    ti = Some(a);
+                    tj = Some(b);
+                    Ok(c)
+                })?;
+                Ok(tj.expect("the triple's closure ran: all three inputs want a gradient"))
+            })?;
+            Ok(ti.expect("the triple's closure ran: all three inputs want a gradient"))
+        })
+    }
+
     /// Input `i` (of shape `shape`) gets `f`'s result, computed at the broadcast shape `full`:
     /// written straight into the target when the shapes agree, else made new and summed back
     /// over the broadcast dims into the target.

@@ -37,7 +37,8 @@ struct Runtime {
     split_in_one_dispatch: bool,
 }
 
-/// Tiles a product split in one dispatch may have: one ticket (u32) each.
+/// Tiles a product split in one dispatch may have: one ticket (u32) each. (A LayerNorm
+/// backward summing dgamma and dbeta in its dispatch takes one a group of chunks, and one.)
 pub const SPLIT_TICKETS: usize = 1 << 16;
 
 /// How the CPU waits for the GPU (`sync`, read-backs).
@@ -256,7 +257,8 @@ impl Device {
 
     /// Whether a tiled-kernel product split into ranges of K sums them in its own dispatch
     /// (the last range of each tile adding the partials: `matmul_split_tail.wgsl`) rather than
-    /// in a second one (`DeviceOptions::split_in_one_dispatch`).
+    /// in a second one (`DeviceOptions::split_in_one_dispatch`); so does the LayerNorm
+    /// backward with its chunks' partial dgamma and dbeta.
     pub fn split_in_one_dispatch(&self) -> bool {
         self.rt.split_in_one_dispatch
     }

@@ -142,12 +142,15 @@ pub enum Phase {
     Optimizer,
 }
 
+/// The most storage buffers a kernel binds (`layernorm_backward_params`: 10).
+pub(crate) const MAX_STORAGE_BINDINGS: usize = 10;
+
 /// Key of a cached bind group: layout, parameter arena, and every storage buffer.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct BindKey {
     layout: u64,
     params: u64,
-    buffers: [u64; 8],
+    buffers: [u64; MAX_STORAGE_BINDINGS],
 }
 
 /// Bind groups by (layout, buffers): pooled buffers come back in the same combinations every
@@ -221,7 +224,7 @@ impl Barriers {
     fn dispatch(&mut self, d: &Dispatch) -> bool {
         let access = d.pipeline.layout.storage;
         // The same buffer bound twice in one dispatch is one use (wgpu merges them).
-        let mut seen: [(u64, Use); 8] = [(u64::MAX, Use::StorageRead); 8];
+        let mut seen = [(u64::MAX, Use::StorageRead); MAX_STORAGE_BINDINGS];
         let mut n = 0;
         for (b, a) in d.buffers.iter().zip(access) {
             let u = match a {
@@ -349,10 +352,11 @@ fn bind_group<'c>(
     max_binding: u64,
 ) -> &'c wgpu::BindGroup {
     let layout = &d.pipeline.layout;
+    debug_assert!(d.buffers.len() <= MAX_STORAGE_BINDINGS);
     let mut key = BindKey {
         layout: layout.id,
         params: params_id,
-        buffers: [0; 8],
+        buffers: [0; MAX_STORAGE_BINDINGS],
     };
     for (k, b) in key.buffers.iter_mut().zip(&d.buffers) {
         *k = b.id;
@@ -391,6 +395,20 @@ fn bind_group<'c>(
 #[cfg(test)]
 mod tests {
     use super::{Barriers, Use};
+
+    #[test]
+    fn every_kernel_binds_at_most_the_keyed_buffers() {
+        // A bind group's key holds MAX_STORAGE_BINDINGS buffers: a kernel binding more would
+        // share a bind group with another set of buffers.
+        for (kernel, _) in crate::kernels::all_variants(true) {
+            assert!(
+                kernel.storage.len() <= super::MAX_STORAGE_BINDINGS,
+                "{} binds {} storage buffers",
+                kernel.name,
+                kernel.storage.len()
+            );
+        }
+    }
 
     #[test]
     fn barriers_follow_wgpu_cores_rule() {

@@ -1,18 +1,20 @@
 //! LayerNorm over the last dim, fused. The forward is one dispatch that also saves mean and
 //! rstd, and stores y as f32 or (`layer_norm_as`) f16 for a matmul that reads f16 operands: the
-//! statistics and the normalization are f32 either way. The backward is two dispatches from
-//! the saved statistics (never recomputed): one workgroup per chunk of rows computes each
-//! row's dx and the chunk's partial dgamma and dbeta into a scratch, then one dispatch sums
-//! the partials into both parameter gradients, each written into its target as its `Out`
-//! says (overwritten or added into). dy may be f32 or f16 (an f16 gradient where the consumer
-//! made one); dx, dgamma, dbeta are f32.
+//! statistics and the normalization are f32 either way. The backward works from the saved
+//! statistics (never recomputed): one workgroup per chunk of rows computes each row's dx and
+//! the chunk's partial dgamma and dbeta into a scratch, and the partials are summed into both
+//! parameter gradients, each written into its target as its `Out` says (overwritten or added
+//! into): in the same dispatch where the device sums a split product in one
+//! (`Device::split_in_one_dispatch`: the last workgroup of each group of chunks sums the
+//! group's, the last of those the groups'), else in a second dispatch. dy may be f32 or f16
+//! (an f16 gradient where the consumer made one); dx, dgamma, dbeta are f32.
 //! `layer_norm_unfused` is the same function in existing ops: the reference tests compare.
 //!
 //! Shapes: x (..., C) seen as (rows, C); gamma, beta (C); mean, rstd (rows).
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
-use crate::graph::{DType, Tensor};
+use crate::graph::{DType, Device, Tensor, SPLIT_TICKETS};
 use crate::kernels::layernorm::{self, LayerNormParams, Write};
 use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
@@ -48,6 +50,44 @@ fn chunks(rows: usize) -> (usize, usize) {
     (n_chunks, rows.div_ceil(n_chunks))
 }
 
+/// Chunks a group where the backward sums dgamma and dbeta in its own dispatch. Two sums run
+/// one after the other at its end: a group's last workgroup adds the group's partials (a
+/// group's chunks a column), then the last of those adds the groups' (the groups a column);
+/// ceil(sqrt(n_chunks)) makes the two about equally long (16 and 16 at DistilGPT-2's 4 x 128:
+/// 256 chunks). Not timed yet. `WGRAD_LN_GROUP=N` sets it (a measurement switch).
+fn group_chunks(n_chunks: usize) -> usize {
+    static GROUP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let set = *GROUP.get_or_init(|| crate::kernels::matmul::env_usize("WGRAD_LN_GROUP", 0));
+    let sqrt = n_chunks.isqrt();
+    match set {
+        0 => sqrt + (sqrt * sqrt < n_chunks) as usize,
+        g => g.min(n_chunks),
+    }
+    .max(1)
+}
+
+/// The chunks a group where the backward over `n_chunks` chunks of `cols` columns sums dgamma
+/// and dbeta in its own dispatch (`layernorm_backward_params`), None where a second dispatch
+/// sums them: where the device sums split products in a second dispatch
+/// (`Device::split_in_one_dispatch`: Metal, DX12, or asked for), the adapter has fewer storage
+/// bindings a shader than the kernel's, its tickets are more than the device has, or its
+/// partials exceed one binding. `WGRAD_LN_SUM=dispatch` keeps the second dispatch (a
+/// measurement switch).
+fn sums_in_one_dispatch(device: &Device, n_chunks: usize, cols: usize) -> Option<usize> {
+    static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let one = *ONE.get_or_init(|| std::env::var("WGRAD_LN_SUM").map_or(true, |v| v != "dispatch"));
+    let limits = &device.gpu().limits;
+    let group = group_chunks(n_chunks);
+    let n_groups = n_chunks.div_ceil(group);
+    let part_bytes = 4 * 2 * (n_chunks + n_groups) * cols;
+    let bindings = layernorm::LAYERNORM_BACKWARD_PARAMS.storage.len();
+    (one && device.split_in_one_dispatch()
+        && limits.max_storage_buffers_per_shader_stage as usize >= bindings
+        && n_groups < SPLIT_TICKETS
+        && part_bytes as u64 <= limits.max_storage_buffer_binding_size)
+        .then_some(group)
+}
+
 /// What backward needs: the forward's input and scale, and the statistics it saved.
 struct LayerNormBackward {
     x: Tensor,     // (..., C) contiguous
@@ -64,6 +104,8 @@ fn rows_cols(x: &Tensor) -> (usize, usize) {
     (rows, cols)
 }
 
+const ASKED: &str = "a gradient that was asked for is made";
+
 impl Backward for LayerNormBackward {
     fn name(&self) -> &'static str {
         OP
@@ -73,67 +115,119 @@ impl Backward for LayerNormBackward {
         // The kernels read dy as contiguous rows (a broadcast gradient, e.g. from a mean,
         // costs one copy here).
         let dy = g.contiguous()?;
-        let (need_gamma, need_beta) = (ctx.needed(1), ctx.needed(2));
-        let partial = if need_gamma || need_beta {
-            let (rows, cols) = rows_cols(&self.x);
-            let n_chunks = chunks(rows).0;
-            Some(Tensor::uninit(
-                self.x.device(),
-                &[2, n_chunks, cols],
-                DType::F32,
-                OP,
-            )?)
-        } else {
-            None
-        };
-        if ctx.needed(0) {
-            ctx.put_with(0, |out| self.dx(&dy, out, partial.as_ref()))?;
-        } else if let Some(partial) = &partial {
-            self.launch(&dy, None, Some(partial));
-        }
-        let Some(partial) = partial else {
-            return Ok(());
-        };
-        match (need_gamma, need_beta) {
-            (true, true) => ctx.put_pair_with(1, 2, |g, b| {
-                let [g, b] = self.param_sums(&partial, Some(g), Some(b))?;
-                Ok((
-                    g.expect("dgamma was asked for"),
-                    b.expect("dbeta was asked for"),
-                ))
+        // Every gradient wanted from one call, which is handed all their targets at once.
+        match [0, 1, 2].map(|i| ctx.needed(i)) {
+            [true, true, true] => ctx.put_triple_with([0, 1, 2], |x, g, b| {
+                let [x, g, b] = self.grads(&dy, [Some(x), Some(g), Some(b)])?;
+                Ok((x.expect(ASKED), g.expect(ASKED), b.expect(ASKED)))
             }),
-            (true, false) => ctx.put_with(1, |g| {
-                let [g, _] = self.param_sums(&partial, Some(g), None)?;
-                Ok(g.expect("dgamma was asked for"))
+            [true, true, false] => ctx.put_pair_with(0, 1, |x, g| {
+                let [x, g, _] = self.grads(&dy, [Some(x), Some(g), None])?;
+                Ok((x.expect(ASKED), g.expect(ASKED)))
             }),
-            _ => ctx.put_with(2, |b| {
-                let [_, b] = self.param_sums(&partial, None, Some(b))?;
-                Ok(b.expect("dbeta was asked for"))
+            [true, false, true] => ctx.put_pair_with(0, 2, |x, b| {
+                let [x, _, b] = self.grads(&dy, [Some(x), None, Some(b)])?;
+                Ok((x.expect(ASKED), b.expect(ASKED)))
             }),
+            [false, true, true] => ctx.put_pair_with(1, 2, |g, b| {
+                let [_, g, b] = self.grads(&dy, [None, Some(g), Some(b)])?;
+                Ok((g.expect(ASKED), b.expect(ASKED)))
+            }),
+            [true, false, false] => ctx.put_with(0, |x| {
+                Ok(self.grads(&dy, [Some(x), None, None])?[0]
+                    .take()
+                    .expect(ASKED))
+            }),
+            [false, true, false] => ctx.put_with(1, |g| {
+                Ok(self.grads(&dy, [None, Some(g), None])?[1]
+                    .take()
+                    .expect(ASKED))
+            }),
+            [false, false, true] => ctx.put_with(2, |b| {
+                Ok(self.grads(&dy, [None, None, Some(b)])?[2]
+                    .take()
+                    .expect(ASKED))
+            }),
+            [false, false, false] => Ok(()),
         }
     }
 }
 
+/// The (dgamma, dbeta) targets' modes and the two buffers bound for them (a target not asked
+/// for is not touched: its binding gets the other's), None where neither is asked for.
+fn param_targets<'a>(
+    g: Option<&'a (Tensor, bool)>,
+    b: Option<&'a (Tensor, bool)>,
+) -> Option<([Write; 2], [&'a Tensor; 2])> {
+    let mode = |t: Option<&(Tensor, bool)>| t.map_or(Write::None, |t| Write::of(t.1));
+    let bound = match (g, b) {
+        (Some((g, _)), Some((b, _))) => [g, b],
+        (Some((g, _)), None) => [g, g],
+        (None, Some((b, _))) => [b, b],
+        (None, None) => return None,
+    };
+    Some(([mode(g), mode(b)], bound))
+}
+
 impl LayerNormBackward {
-    /// dx, written per `out`, and the chunks' partial dgamma and dbeta into `partial` where
-    /// given: one dispatch.
-    fn dx(&self, dy: &Tensor, out: Out<'_>, partial: Option<&Tensor>) -> Result<Tensor> {
+    /// The gradients asked for, each written per its `Out`: dx alone in one dispatch (a row a
+    /// workgroup); with dgamma or dbeta, the chunks' partials (with dx where asked for) and
+    /// their sums, in one dispatch where `sums_in_one_dispatch` allows, else in two.
+    fn grads(
+        &self,
+        dy: &Tensor,
+        [dx, dgamma, dbeta]: [Option<Out<'_>>; 3],
+    ) -> Result<[Option<Tensor>; 3]> {
         let x = &self.x;
-        let mut inputs = vec![dy, x, &self.gamma, &self.mean, &self.rstd];
-        inputs.extend(partial);
-        let (target, acc) = out.resolve(OP, x.device(), x.shape(), &inputs)?;
-        if !target.is_contiguous() {
-            // The kernel writes contiguous rows: compute into a new tensor, then copy it in.
-            let fresh = self.dx(dy, Out::New, partial)?;
-            let out = if acc {
-                Out::Acc(&target)
-            } else {
-                Out::Write(&target)
-            };
-            return launch_copy(&fresh, out);
+        let device = x.device();
+        let (rows, cols) = rows_cols(x);
+        let read = [dy, x, &self.gamma, &self.mean, &self.rstd];
+        let dx = dx
+            .map(|o| o.resolve(OP, device, x.shape(), &read))
+            .transpose()?;
+        let param = |o: Option<Out<'_>>| o.map(|o| o.resolve(OP, device, &[cols], &[])).transpose();
+        let (g, b) = (param(dgamma)?, param(dbeta)?);
+        // The kernels write dx as contiguous rows: a strided target gets a new tensor, copied
+        // in after.
+        let fresh = match &dx {
+            Some((t, _)) if !t.is_contiguous() => {
+                Some(Tensor::uninit(device, x.shape(), DType::F32, OP)?)
+            }
+            _ => None,
+        };
+        let dx_kernel = match (&dx, &fresh) {
+            (Some(_), Some(f)) => Some((f, false)),
+            (Some((t, acc)), None) => Some((t, *acc)),
+            (None, _) => None,
+        };
+        match param_targets(g.as_ref(), b.as_ref()) {
+            None => self.launch(dy, dx_kernel, None),
+            Some(targets) => {
+                let n_chunks = chunks(rows).0;
+                // One dispatch binds the targets beside what it reads: not one buffer both
+                // ways (a target in the buffer of an input keeps two dispatches).
+                let shared = targets
+                    .1
+                    .iter()
+                    .any(|t| read.iter().any(|r| r.same_storage(t)));
+                match sums_in_one_dispatch(device, n_chunks, cols).filter(|_| !shared) {
+                    Some(group) => self.launch_params(dy, dx_kernel, targets, n_chunks, group)?,
+                    None => {
+                        let partial = Tensor::uninit(device, &[2, n_chunks, cols], DType::F32, OP)?;
+                        self.launch(dy, dx_kernel, Some(&partial));
+                        param_sums(&partial, targets);
+                    }
+                }
+            }
         }
-        self.launch(dy, Some((&target, acc)), partial);
-        Ok(target)
+        let dx = match (dx, fresh) {
+            (Some((t, acc)), Some(f)) => Some(launch_copy(
+                &f,
+                if acc { Out::Acc(&t) } else { Out::Write(&t) },
+            )?),
+            (dx, _) => dx.map(|t| t.0),
+        };
+        Ok([dx, g.map(|t| t.0), b.map(|t| t.0)])
     }
 
     /// The backward kernel: dx into `dx` (contiguous; added into where its flag says) and the
@@ -142,7 +236,7 @@ impl LayerNormBackward {
     fn launch(&self, dy: &Tensor, dx: Option<(&Tensor, bool)>, partial: Option<&Tensor>) {
         let x = &self.x;
         let device = x.device();
-        let (rows, cols) = rows_cols(x);
+        let rows = rows_cols(x).0;
         let (n_chunks, chunk_rows) = match partial {
             Some(_) => chunks(rows),
             None => (rows, 1),
@@ -155,15 +249,9 @@ impl LayerNormBackward {
             (None, None) => return,
         };
         let params = LayerNormParams {
-            rows: rows as u32,
-            cols: cols as u32,
-            x_offset: x.layout().offset as u32,
-            gamma_offset: self.gamma.layout().offset as u32,
-            dy_offset: dy.layout().offset as u32,
-            out_offset: dx_buf.layout().offset as u32,
             n_chunks: n_chunks as u32,
             chunk_rows: chunk_rows as u32,
-            ..Default::default()
+            ..self.params(dy, dx_buf)
         };
         device.record(
             &layernorm::LAYERNORM_BACKWARD,
@@ -182,48 +270,94 @@ impl LayerNormBackward {
         );
     }
 
-    /// Stage 2: dgamma and dbeta from the partials, each written per its `Out` (any stride)
-    /// where given, in one dispatch.
-    fn param_sums(
+    /// The backward kernel with the parameter sums in its dispatch: dx into `dx` as in
+    /// `launch`, and dgamma and dbeta into their targets (`param_targets`: modes, buffers) from
+    /// the partials of `n_chunks` chunks in groups of `group` (a (2, n_chunks + n_groups, C)
+    /// scratch: the chunks', then the groups').
+    fn launch_params(
         &self,
-        partial: &Tensor,
-        dgamma: Option<Out<'_>>,
-        dbeta: Option<Out<'_>>,
-    ) -> Result<[Option<Tensor>; 2]> {
-        let device = partial.device();
-        let (n_chunks, cols) = (partial.shape()[1], partial.shape()[2]);
-        let resolve = |out: Option<Out<'_>>| -> Result<Option<(Tensor, bool)>> {
-            out.map(|o| o.resolve(OP, device, &[cols], &[partial]))
-                .transpose()
-        };
-        let (g, b) = (resolve(dgamma)?, resolve(dbeta)?);
-        let mode = |t: &Option<(Tensor, bool)>| t.as_ref().map_or(Write::None, |t| Write::of(t.1));
-        let spec = layernorm::sum_spec(mode(&g), mode(&b));
-        // A target not asked for is not touched: its binding gets the other.
-        let (gt, bt) = match (&g, &b) {
-            (Some((g, _)), Some((b, _))) => (g, b),
-            (Some((g, _)), None) => (g, g),
-            (None, Some((b, _))) => (b, b),
-            (None, None) => return Ok([None, None]),
-        };
+        dy: &Tensor,
+        dx: Option<(&Tensor, bool)>,
+        ([g_mode, b_mode], [gt, bt]): ([Write; 2], [&Tensor; 2]),
+        n_chunks: usize,
+        group: usize,
+    ) -> Result<()> {
+        let x = &self.x;
+        let device = x.device();
+        let (rows, cols) = rows_cols(x);
+        let n_groups = n_chunks.div_ceil(group);
+        let part = Tensor::uninit(device, &[2, n_chunks + n_groups, cols], DType::F32, OP)?;
+        // Without dx, its binding gets the scratch (another written buffer).
+        let dx_buf = dx.map_or(&part, |(t, _)| t);
         let params = LayerNormParams {
-            cols: cols as u32,
             n_chunks: n_chunks as u32,
+            chunk_rows: chunks(rows).1 as u32,
             dgamma_offset: gt.layout().offset as u32,
             dgamma_stride: gt.strides()[0] as u32,
             dbeta_offset: bt.layout().offset as u32,
             dbeta_stride: bt.strides()[0] as u32,
-            ..Default::default()
+            group_chunks: group as u32,
+            n_groups: n_groups as u32,
+            ..self.params(dy, dx_buf)
         };
-        device.record(
-            &layernorm::LAYERNORM_BACKWARD_SUM,
-            &spec,
+        device.record_split(
+            &layernorm::LAYERNORM_BACKWARD_PARAMS,
+            &layernorm::params_spec(dy.dtype(), dx.map(|(_, acc)| acc), g_mode, b_mode),
             &params,
-            &[gt.storage(), bt.storage(), partial.storage()],
-            device.grid((cols as u64).div_ceil(layernorm::SUM_COLUMNS)),
+            &[
+                dx_buf.storage(),
+                x.storage(),
+                dy.storage(),
+                self.mean.storage(),
+                self.rstd.storage(),
+                self.gamma.storage(),
+                part.storage(),
+                gt.storage(),
+                bt.storage(),
+            ],
+            device.grid(n_chunks as u64),
+            true,
         );
-        Ok([g.map(|t| t.0), b.map(|t| t.0)])
+        Ok(())
     }
+
+    /// The backward's params every launch shares: the shape, and where x, gamma, dy and dx
+    /// (`dx_buf`) start.
+    fn params(&self, dy: &Tensor, dx_buf: &Tensor) -> LayerNormParams {
+        let (rows, cols) = rows_cols(&self.x);
+        LayerNormParams {
+            rows: rows as u32,
+            cols: cols as u32,
+            x_offset: self.x.layout().offset as u32,
+            gamma_offset: self.gamma.layout().offset as u32,
+            dy_offset: dy.layout().offset as u32,
+            out_offset: dx_buf.layout().offset as u32,
+            ..Default::default()
+        }
+    }
+}
+
+/// Stage 2: dgamma and dbeta from the (2, n_chunks, C) partials into their targets
+/// (`param_targets`: modes, buffers; any stride), in one dispatch.
+fn param_sums(partial: &Tensor, ([g_mode, b_mode], [gt, bt]): ([Write; 2], [&Tensor; 2])) {
+    let device = partial.device();
+    let (n_chunks, cols) = (partial.shape()[1], partial.shape()[2]);
+    let params = LayerNormParams {
+        cols: cols as u32,
+        n_chunks: n_chunks as u32,
+        dgamma_offset: gt.layout().offset as u32,
+        dgamma_stride: gt.strides()[0] as u32,
+        dbeta_offset: bt.layout().offset as u32,
+        dbeta_stride: bt.strides()[0] as u32,
+        ..Default::default()
+    };
+    device.record(
+        &layernorm::LAYERNORM_BACKWARD_SUM,
+        &layernorm::sum_spec(g_mode, b_mode),
+        &params,
+        &[gt.storage(), bt.storage(), partial.storage()],
+        device.grid((cols as u64).div_ceil(layernorm::SUM_COLUMNS)),
+    );
 }
 
 /// Checks the operands of a LayerNorm and returns C.
@@ -353,5 +487,144 @@ impl Tensor {
         let var = xc.square()?.mean(-1, true)?;
         let rstd = var.add_scalar(eps)?.rsqrt()?;
         xc.mul(&rstd)?.mul(gamma)?.add(beta)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DeviceOptions;
+
+    /// dx, dgamma, dbeta of sum(LN(x) * dy) in f64 from the saved statistics, over rows of
+    /// `gamma.len()`.
+    fn backward_ref(x: &[f32], gamma: &[f32], dy: &[f32], stats: &[(f32, f32)]) -> [Vec<f64>; 3] {
+        let cols = gamma.len();
+        let n = cols as f64;
+        let (mut dx, mut dgamma, mut dbeta) = (Vec::new(), vec![0.0; cols], vec![0.0; cols]);
+        for ((row, dy), &(mean, rstd)) in x.chunks(cols).zip(dy.chunks(cols)).zip(stats) {
+            let (mean, rstd) = (mean as f64, rstd as f64);
+            let xhat: Vec<f64> = row.iter().map(|&v| (v as f64 - mean) * rstd).collect();
+            let dxhat: Vec<f64> = (0..cols).map(|c| dy[c] as f64 * gamma[c] as f64).collect();
+            let m1 = dxhat.iter().sum::<f64>() / n;
+            let m2 = (0..cols).map(|c| dxhat[c] * xhat[c]).sum::<f64>() / n;
+            for c in 0..cols {
+                dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
+                dgamma[c] += dy[c] as f64 * xhat[c];
+                dbeta[c] += dy[c] as f64;
+            }
+        }
+        [dx, dgamma, dbeta]
+    }
+
+    /// dgamma and dbeta into strided targets at offsets of one buffer (every third element from
+    /// 1 and from 2, 0.5 beforehand), written, added into or not asked for, each with and
+    /// without dx, with the sums in the backward's dispatch (where the device does so) and in a
+    /// second: against f64, the elements around the targets untouched, one dispatch fewer
+    /// with the sums in the backward's.
+    #[test]
+    fn parameter_gradients_into_strided_targets_in_every_mode() {
+        let modes = [None, Some(false), Some(true)]; // none, written, added into
+        for one in [None, Some(false)] {
+            let options = DeviceOptions {
+                split_in_one_dispatch: one,
+                ..Default::default()
+            };
+            let dev = Device::with_options(&options).expect("a device (lavapipe without a GPU)");
+            // (rows, C): 2 chunks in one group; 19 chunks in 4 groups, C past 1024.
+            for (rows, cols) in [(3, 5), (37, 1030)] {
+                let fill = |n: usize, k: usize| -> Vec<f32> {
+                    (0..n)
+                        .map(|i| ((i * k % 97) as f32 - 48.0) / 40.0)
+                        .collect()
+                };
+                let (x, gamma, dy) = (fill(rows * cols, 31), fill(cols, 7), fill(rows * cols, 13));
+                let stats: Vec<(f32, f32)> = x
+                    .chunks(cols)
+                    .map(|r| (r.iter().sum::<f32>() / cols as f32, 0.5 + r[0].abs()))
+                    .collect();
+                let want = backward_ref(&x, &gamma, &dy, &stats);
+                let upload = |v: &[f32], shape: &[usize]| {
+                    Tensor::from_slice(&dev, v, shape).expect("upload")
+                };
+                let (mean, rstd): (Vec<f32>, Vec<f32>) = stats.iter().copied().unzip();
+                let bw = LayerNormBackward {
+                    x: upload(&x, &[rows, cols]),
+                    gamma: upload(&gamma, &[cols]),
+                    mean: upload(&mean, &[rows]),
+                    rstd: upload(&rstd, &[rows]),
+                };
+                let dy = upload(&dy, &[rows, cols]);
+                for g_mode in modes {
+                    for b_mode in modes {
+                        if g_mode.is_none() && b_mode.is_none() {
+                            continue;
+                        }
+                        for with_dx in [false, true] {
+                            let what = format!(
+                                "{rows}x{cols}, dgamma {g_mode:?}, dbeta {b_mode:?}, dx \
+                                 {with_dx}, split_in_one_dispatch {}",
+                                dev.split_in_one_dispatch()
+                            );
+                            let both = upload(&vec![0.5; 3 * cols + 1], &[3 * cols + 1]);
+                            let column = |k: usize| {
+                                both.narrow(0, 1, 3 * cols)
+                                    .and_then(|t| t.reshape(&[cols, 3]))
+                                    .and_then(|t| t.narrow(1, k, 1))
+                                    .and_then(|t| t.squeeze(1))
+                                    .expect("a strided view")
+                            };
+                            let (gt, bt) = (column(0), column(1));
+                            let out = |t, m: Option<bool>| match m {
+                                None => None,
+                                Some(false) => Some(Out::Write(t)),
+                                Some(true) => Some(Out::Acc(t)),
+                            };
+                            let dx_out = with_dx.then_some(Out::New);
+                            dev.sync().expect("sync");
+                            let before = dev.counters().dispatches;
+                            let [dx, _, _] = bw
+                                .grads(&dy, [dx_out, out(&gt, g_mode), out(&bt, b_mode)])
+                                .expect("the backward");
+                            dev.sync().expect("sync");
+                            let count = dev.counters().dispatches - before;
+                            let sums = sums_in_one_dispatch(&dev, chunks(rows).0, cols);
+                            assert_eq!(count, 2 - sums.is_some() as u64, "{what}");
+                            let got = both.to_vec().expect("read back");
+                            for (k, (m, want)) in [(g_mode, &want[1]), (b_mode, &want[2])]
+                                .into_iter()
+                                .enumerate()
+                            {
+                                for c in 0..cols {
+                                    let w = match m {
+                                        None => 0.5,
+                                        Some(false) => want[c],
+                                        Some(true) => 0.5 + want[c],
+                                    };
+                                    let g = got[1 + 3 * c + k] as f64;
+                                    assert!(
+                                        (g - w).abs() <= 1e-4 * w.abs().max(1.0),
+                                        "{what}: target {k} [{c}]: got {g}, want {w}"
+                                    );
+                                }
+                            }
+                            for (i, &v) in got.iter().enumerate() {
+                                if i == 0 || i % 3 == 0 {
+                                    assert_eq!(v, 0.5, "{what}: element {i} around the targets");
+                                }
+                            }
+                            if let Some(dx) = dx {
+                                let dx = dx.to_vec().expect("read back");
+                                for (i, (&g, &w)) in dx.iter().zip(&want[0]).enumerate() {
+                                    assert!(
+                                        (g as f64 - w).abs() <= 1e-4 * w.abs().max(1.0),
+                                        "{what}: dx [{i}]: got {g}, want {w}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
