@@ -48,13 +48,16 @@ pub struct DeviceOptions {
     /// scaled high and low parts, where the adapter has cooperative matrices (`None`: yes,
     /// unless `WGRAD_F32_MATMUL=tiled`; `Some(false)`: the tiled f32 kernel).
     pub f32_tensor_cores: Option<bool>,
-    /// Whether a tiled-kernel product split into ranges of K sums them in its own dispatch,
-    /// the last range of each tile adding the others' partials (`None`: yes on Vulkan and the
-    /// noop backend, unless `WGRAD_SPLIT_SUM=dispatch`; `Some(true)`: on any backend, Metal's
-    /// and DX12's unchecked; `Some(false)`: a second dispatch sums them, as for every
-    /// cooperative-matrix product). Either way it needs 7 storage bindings a shader. The
-    /// LayerNorm backward's parameter sums follow it (with 10 storage bindings a shader).
+    /// Whether a product split into ranges of K (tiled or cooperative-matrix, not X3) sums
+    /// them in its own dispatch, the last range of each tile adding the others' partials
+    /// (`None`: yes on Vulkan and the noop backend, unless `WGRAD_SPLIT_SUM=dispatch`;
+    /// `Some(true)`: on any backend, Metal's and DX12's unchecked; `Some(false)`: a second
+    /// dispatch sums them). Either way it needs 7 storage bindings a shader.
     pub split_in_one_dispatch: Option<bool>,
+    /// Whether the LayerNorm backward sums dgamma and dbeta in its own dispatch where split
+    /// products do (`None`: only with `WGRAD_LN_SUM=one`: slower than a second dispatch on an
+    /// H100, PROFILING.md; it needs 10 storage bindings a shader).
+    pub layernorm_sums_in_one_dispatch: Option<bool>,
 }
 
 /// The wgpu device and what it can do.

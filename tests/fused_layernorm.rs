@@ -316,7 +316,7 @@ fn dispatch_counts() -> Result<()> {
     let (x, gamma, beta) = inputs(&mut rng, &shape);
     // The parameter sums in the backward's dispatch (where the device does so), then in a
     // second.
-    for d in [private_dev(), split_sum_dev()] {
+    for d in [ln_one_dev(), private_dev()] {
         let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(&d);
         let mut counts = Vec::new();
         for fused in [true, false] {
@@ -357,7 +357,7 @@ fn dispatch_counts_with_an_f16_output_and_some_gradients() -> Result<()> {
     let shape = [33, 768];
     let (x, gamma, beta) = inputs(&mut rng, &shape);
     let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0);
-    for d in [private_dev(), split_sum_dev()] {
+    for d in [ln_one_dev(), private_dev()] {
         let seed = Tensor::from_slice_as(&d, &seed.f32s(), &shape, DType::F16)?;
         let sums = !ln_sums_in_one_dispatch(&d) as u64;
         // (x, gamma, beta wanting a gradient) -> backward dispatches: dx alone is one; the
@@ -567,13 +567,22 @@ fn chunks_and_groups(rows: usize) -> (usize, usize) {
 }
 
 /// Whether `d`'s LayerNorm backward sums dgamma and dbeta in its own dispatch (as
-/// `ops::layernorm` decides for the shapes the tests use): where it sums split products in
-/// one, unless `WGRAD_LN_SUM=dispatch`.
+/// `ops::layernorm` decides for the shapes the tests use).
 fn ln_sums_in_one_dispatch(d: &Device) -> bool {
-    d.split_in_one_dispatch() && std::env::var("WGRAD_LN_SUM").map_or(true, |v| v != "dispatch")
+    d.layernorm_sums_in_one_dispatch()
 }
 
-/// The backward sums dgamma and dbeta in its own dispatch where the device does split sums so
+/// A private Device summing the LayerNorm backward's dgamma and dbeta in its own dispatch
+/// where it can (Vulkan and the noop backend; not by default).
+fn ln_one_dev() -> Device {
+    Device::with_options(&wgrad::DeviceOptions {
+        layernorm_sums_in_one_dispatch: Some(true),
+        ..Default::default()
+    })
+    .expect("creating a private wgrad Device")
+}
+
+/// Asked to, the backward sums dgamma and dbeta in its own dispatch where the device can
 /// (`layernorm_backward_params`: the last workgroup of each group of chunks sums the group's
 /// partials, the last of those the groups'; on Vulkan, lavapipe among them): one dispatch fewer
 /// than with the sums in a second dispatch. Each way against f64 into NaN-poisoned buffers, at
@@ -584,23 +593,15 @@ fn ln_sums_in_one_dispatch(d: &Device) -> bool {
 /// the second sums nothing), written again after zero_grad, with the same bits as the first.
 #[test]
 fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
-    // The sums in the backward's dispatch wherever that is the default (whatever
-    // WGRAD_SPLIT_SUM says), against a second dispatch.
-    let options = |one| wgrad::DeviceOptions {
-        split_in_one_dispatch: one,
-        ..Default::default()
-    };
-    let one = Device::with_options(&options(None))?;
+    // The sums in the backward's dispatch where the device can (asked for), against a
+    // second dispatch (the default).
+    let one = ln_one_dev();
     let vulkan = one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan;
-    let one = match vulkan {
-        true => Device::with_options(&options(Some(true)))?,
-        false => one,
-    };
-    let two = split_sum_dev();
+    let two = private_dev();
     let saved = ln_sums_in_one_dispatch(&one) as u64;
     assert!(
-        !vulkan || saved == 1 || std::env::var("WGRAD_LN_SUM").is_ok(),
-        "Vulkan sums dgamma and dbeta in the backward's dispatch"
+        !vulkan || saved == 1,
+        "Vulkan sums dgamma and dbeta in the backward's dispatch when asked"
     );
     assert!(!ln_sums_in_one_dispatch(&two));
     let mut rng = rng("layernorm_params_in_one_dispatch");

@@ -51,27 +51,47 @@ fn part_at(i: u32) -> f32 {
     return bitcast<f32>(atomicLoad(&part[i]));
 }
 
-// Element (gm, gn) of C is v, the sum of the partials, through the split's epilogue.
-fn split_store(gm: u32, gn: u32, v: f32) {
+// The bias and the residual the epilogue adds to element e of the tile (SPLIT_EPI 1: the
+// bias; 2: both; else none), read at indices clamped into C and behind no branch, so that the
+// loads are in flight with the partials'. (Loaded behind `split_out`'s bounds checks they
+// waited one after another: the residual products' sums took 17 us more than the plain ones'
+// at 4 x 128 on an H100.)
+fn split_addend(wid: vec3<u32>, e: u32) -> vec2<f32> {
+    if (SPLIT_EPI != 1u && SPLIT_EPI != 2u) {
+        return vec2<f32>(0.0);
+    }
+    let t = min(e, BM * BN - 1u);
+    let gm = min(wid.y * BM + t / BN, p.m - 1u);
+    let gn = min(wid.x * BN + t % BN, p.n - 1u);
+    let b = bias[p.bias_off + gn];
+    if (SPLIT_EPI == 1u) {
+        return vec2<f32>(b, 0.0);
+    }
+    return vec2<f32>(b, pre[p.res_off + gm * p.n + gn]);
+}
+
+// Element (gm, gn) of C is v, the sum of the partials, through the split's epilogue (a: its
+// `split_addend`, added in the second dispatch's order: the sum, the bias, the residual).
+fn split_store(gm: u32, gn: u32, v: f32, a: vec2<f32>) {
     let o = p.c_off + gm * p.c_ms + gn * p.c_ns;
     if (SPLIT_EPI == 3u && gm == p.m - 1u) {
         let s = p.bias_off + gn;
         pre[s] = select(v, pre[s] + v, ACC);
     } else if (SPLIT_EPI == 2u) {
-        store_c(o, v + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn]);
+        store_c(o, v + a.x + a.y);
     } else if (SPLIT_EPI == 1u) {
-        store_c(o, v + bias[p.bias_off + gn]);
+        store_c(o, v + a.x);
     } else {
         store_c(o, v);
     }
 }
 
 // Element e of this workgroup's tile (row-major) is v, where it lies inside C.
-fn split_out(wid: vec3<u32>, e: u32, v: f32) {
+fn split_out(wid: vec3<u32>, e: u32, v: f32, a: vec2<f32>) {
     let gm = wid.y * BM + e / BN;
     let gn = wid.x * BN + e % BN;
     if (e < BM * BN && gm < p.m && gn < p.n) {
-        split_store(gm, gn, v);
+        split_store(gm, gn, v, a);
     }
 }
 
@@ -97,6 +117,14 @@ fn split_finish(wid: vec3<u32>, lid: u32) {
     // about one load's latency a range. (Elements past the tile read its last one.)
     let end = BM * BN - 1u;
     for (var e = lid; e < BM * BN; e += WG * SPLIT_CHUNK) {
+        let a0 = split_addend(wid, e);
+        let a1 = split_addend(wid, e + WG);
+        let a2 = split_addend(wid, e + 2u * WG);
+        let a3 = split_addend(wid, e + 3u * WG);
+        let a4 = split_addend(wid, e + 4u * WG);
+        let a5 = split_addend(wid, e + 5u * WG);
+        let a6 = split_addend(wid, e + 6u * WG);
+        let a7 = split_addend(wid, e + 7u * WG);
         var s0 = 0.0;
         var s1 = 0.0;
         var s2 = 0.0;
@@ -116,13 +144,13 @@ fn split_finish(wid: vec3<u32>, lid: u32) {
             s6 += part_at(o + min(e + 6u * WG, end));
             s7 += part_at(o + min(e + 7u * WG, end));
         }
-        split_out(wid, e, s0);
-        split_out(wid, e + WG, s1);
-        split_out(wid, e + 2u * WG, s2);
-        split_out(wid, e + 3u * WG, s3);
-        split_out(wid, e + 4u * WG, s4);
-        split_out(wid, e + 5u * WG, s5);
-        split_out(wid, e + 6u * WG, s6);
-        split_out(wid, e + 7u * WG, s7);
+        split_out(wid, e, s0, a0);
+        split_out(wid, e + WG, s1, a1);
+        split_out(wid, e + 2u * WG, s2, a2);
+        split_out(wid, e + 3u * WG, s3, a3);
+        split_out(wid, e + 4u * WG, s4, a4);
+        split_out(wid, e + 5u * WG, s5, a5);
+        split_out(wid, e + 6u * WG, s6, a6);
+        split_out(wid, e + 7u * WG, s7, a7);
     }
 }

@@ -35,11 +35,17 @@ struct Runtime {
     /// Split products summed in their own dispatch (`DeviceOptions::split_in_one_dispatch`,
     /// resolved).
     split_in_one_dispatch: bool,
+    /// The LayerNorm backward's parameter sums in its own dispatch
+    /// (`DeviceOptions::layernorm_sums_in_one_dispatch`, resolved; only where the above).
+    layernorm_sums_in_one_dispatch: bool,
 }
 
 /// Tiles a product split in one dispatch may have: one ticket (u32) each. (A LayerNorm
 /// backward summing dgamma and dbeta in its dispatch takes one a group of chunks, and one.)
 pub const SPLIT_TICKETS: usize = 1 << 16;
+
+/// Ticket buffers the dispatches that sum in their own dispatch bind in turn.
+const TICKET_BUFFERS: usize = 4;
 
 /// How the CPU waits for the GPU (`sync`, read-backs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,10 +102,12 @@ struct State {
     forced_split: Option<u32>,
     /// The products recorded while logging (`log_products`).
     product_log: Option<Vec<ProductKey>>,
-    /// The tickets of products split in one dispatch (`SPLIT_TICKETS` u32, zeroed when made;
-    /// each product sets back to 0 the ones it takes), made when first bound. A buffer, not a
-    /// Storage: a Storage holds its Device.
-    split_tickets: Option<BufferRef>,
+    /// The tickets of products split in one dispatch (`TICKET_BUFFERS` buffers of
+    /// `SPLIT_TICKETS` u32, zeroed when made; each product sets back to 0 the ones it takes),
+    /// made when first bound, and the one the next such dispatch binds. Buffers, not Storages:
+    /// a Storage holds its Device.
+    split_tickets: Vec<BufferRef>,
+    next_tickets: usize,
 }
 
 /// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
@@ -211,7 +219,8 @@ impl Device {
             forced_tile: None,
             forced_split: None,
             product_log: None,
-            split_tickets: None,
+            split_tickets: Vec::new(),
+            next_tickets: 0,
         };
         let wait = WaitMode::for_adapter(&gpu.info);
         let f32_tensor_cores = options
@@ -228,6 +237,10 @@ impl Device {
                     wgpu::Backend::Vulkan | wgpu::Backend::Noop
                 )
         }) && gpu.limits.max_storage_buffers_per_shader_stage >= 7;
+        let layernorm_sums_in_one_dispatch = split_in_one_dispatch
+            && options
+                .layernorm_sums_in_one_dispatch
+                .unwrap_or_else(|| std::env::var("WGRAD_LN_SUM").is_ok_and(|v| v == "one"));
         Ok(Device {
             rt: Arc::new(Runtime {
                 gpu,
@@ -235,6 +248,7 @@ impl Device {
                 wait,
                 f32_tensor_cores,
                 split_in_one_dispatch,
+                layernorm_sums_in_one_dispatch,
             }),
         })
     }
@@ -255,12 +269,18 @@ impl Device {
         self.rt.f32_tensor_cores
     }
 
-    /// Whether a tiled-kernel product split into ranges of K sums them in its own dispatch
-    /// (the last range of each tile adding the partials: `matmul_split_tail.wgsl`) rather than
-    /// in a second one (`DeviceOptions::split_in_one_dispatch`); so does the LayerNorm
-    /// backward with its chunks' partial dgamma and dbeta.
+    /// Whether a product split into ranges of K (tiled or cooperative-matrix, not X3) sums
+    /// them in its own dispatch (the last range of each tile adding the partials:
+    /// `matmul_split_tail.wgsl`) rather than in a second one
+    /// (`DeviceOptions::split_in_one_dispatch`).
     pub fn split_in_one_dispatch(&self) -> bool {
         self.rt.split_in_one_dispatch
+    }
+
+    /// Whether the LayerNorm backward sums dgamma and dbeta in its own dispatch
+    /// (`DeviceOptions::layernorm_sums_in_one_dispatch`).
+    pub fn layernorm_sums_in_one_dispatch(&self) -> bool {
+        self.rt.layernorm_sums_in_one_dispatch
     }
 
     pub fn report(&self) -> AdapterReport {
@@ -622,11 +642,16 @@ impl Device {
         let mut s = self.state();
         let mut bound: Vec<BufferRef> = buffers.iter().map(|b| b.buffer_ref()).collect();
         if tickets {
-            let gpu = &self.rt.gpu;
-            let t = s.split_tickets.get_or_insert_with(|| {
+            // The ticket buffers in turn: a dispatch binding one for writing waits behind the
+            // last that bound it, so consecutive ones bind different buffers and independent
+            // products (a linear's dX and dW) keep running side by side.
+            let i = s.next_tickets;
+            s.next_tickets = (i + 1) % TICKET_BUFFERS;
+            if s.split_tickets.len() <= i {
                 // The tickets must start at 0: written so here (wgpu also zeroes a new buffer
                 // before its first use). A new buffer, so the write runs before any work that
                 // binds it.
+                let gpu = &self.rt.gpu;
                 let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("wgrad:split_tickets"),
                     size: (SPLIT_TICKETS * 4) as u64,
@@ -635,12 +660,12 @@ impl Device {
                 });
                 gpu.queue
                     .write_buffer(&buffer, 0, &vec![0u8; SPLIT_TICKETS * 4]);
-                BufferRef {
+                s.split_tickets.push(BufferRef {
                     buffer,
                     id: crate::memory::next_buffer_id(),
-                }
-            });
-            bound.push(t.clone());
+                });
+            }
+            bound.push(s.split_tickets[i].clone());
         }
         let pipeline = s.pipelines.get(&self.rt.gpu.device, kernel, spec);
         if !pipeline.is_compiled() {

@@ -4,9 +4,9 @@
 //! statistics (never recomputed): one workgroup per chunk of rows computes each row's dx and
 //! the chunk's partial dgamma and dbeta into a scratch, and the partials are summed into both
 //! parameter gradients, each written into its target as its `Out` says (overwritten or added
-//! into): in the same dispatch where the device sums a split product in one
-//! (`Device::split_in_one_dispatch`: the last workgroup of each group of chunks sums the
-//! group's, the last of those the groups'), else in a second dispatch. dy may be f32 or f16
+//! into): in a second dispatch, or where asked for (`Device::layernorm_sums_in_one_dispatch`)
+//! in the same dispatch (the last workgroup of each group of chunks sums the group's, the last
+//! of those the groups'). dy may be f32 or f16
 //! (an f16 gradient where the consumer made one); dx, dgamma, dbeta are f32.
 //! `layer_norm_unfused` is the same function in existing ops: the reference tests compare.
 //!
@@ -54,7 +54,8 @@ fn chunks(rows: usize) -> (usize, usize) {
 /// one after the other at its end: a group's last workgroup adds the group's partials (a
 /// group's chunks a column), then the last of those adds the groups' (the groups a column);
 /// ceil(sqrt(n_chunks)) makes the two about equally long (16 and 16 at DistilGPT-2's 4 x 128:
-/// 256 chunks). Not timed yet. `WGRAD_LN_GROUP=N` sets it (a measurement switch).
+/// 256 chunks; 8 about as fast, 64 and 256 slower on an H100, PROFILING.md).
+/// `WGRAD_LN_GROUP=N` sets it (a measurement switch).
 fn group_chunks(n_chunks: usize) -> usize {
     static GROUP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let set = *GROUP.get_or_init(|| crate::kernels::matmul::env_usize("WGRAD_LN_GROUP", 0));
@@ -68,20 +69,17 @@ fn group_chunks(n_chunks: usize) -> usize {
 
 /// The chunks a group where the backward over `n_chunks` chunks of `cols` columns sums dgamma
 /// and dbeta in its own dispatch (`layernorm_backward_params`), None where a second dispatch
-/// sums them: where the device sums split products in a second dispatch
-/// (`Device::split_in_one_dispatch`: Metal, DX12, or asked for), the adapter has fewer storage
-/// bindings a shader than the kernel's, its tickets are more than the device has, or its
-/// partials exceed one binding. `WGRAD_LN_SUM=dispatch` keeps the second dispatch (a
-/// measurement switch).
+/// sums them: by default (`Device::layernorm_sums_in_one_dispatch`, off unless asked for: on
+/// an H100 the tails' loads cost more than the second dispatch, PROFILING.md), where the
+/// adapter has fewer storage bindings a shader than the kernel's, its tickets are more than
+/// the device has, or its partials exceed one binding.
 fn sums_in_one_dispatch(device: &Device, n_chunks: usize, cols: usize) -> Option<usize> {
-    static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let one = *ONE.get_or_init(|| std::env::var("WGRAD_LN_SUM").map_or(true, |v| v != "dispatch"));
     let limits = &device.gpu().limits;
     let group = group_chunks(n_chunks);
     let n_groups = n_chunks.div_ceil(group);
     let part_bytes = 4 * 2 * (n_chunks + n_groups) * cols;
     let bindings = layernorm::LAYERNORM_BACKWARD_PARAMS.storage.len();
-    (one && device.split_in_one_dispatch()
+    (device.layernorm_sums_in_one_dispatch()
         && limits.max_storage_buffers_per_shader_stage as usize >= bindings
         && n_groups < SPLIT_TICKETS
         && part_bytes as u64 <= limits.max_storage_buffer_binding_size)
@@ -524,9 +522,9 @@ mod tests {
     #[test]
     fn parameter_gradients_into_strided_targets_in_every_mode() {
         let modes = [None, Some(false), Some(true)]; // none, written, added into
-        for one in [None, Some(false)] {
+        for one in [Some(true), Some(false)] {
             let options = DeviceOptions {
-                split_in_one_dispatch: one,
+                layernorm_sums_in_one_dispatch: one,
                 ..Default::default()
             };
             let dev = Device::with_options(&options).expect("a device (lavapipe without a GPU)");
@@ -562,8 +560,8 @@ mod tests {
                         for with_dx in [false, true] {
                             let what = format!(
                                 "{rows}x{cols}, dgamma {g_mode:?}, dbeta {b_mode:?}, dx \
-                                 {with_dx}, split_in_one_dispatch {}",
-                                dev.split_in_one_dispatch()
+                                 {with_dx}, sums in one dispatch {}",
+                                dev.layernorm_sums_in_one_dispatch()
                             );
                             let both = upload(&vec![0.5; 3 * cols + 1], &[3 * cols + 1]);
                             let column = |k: usize| {
