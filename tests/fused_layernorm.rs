@@ -316,7 +316,7 @@ fn dispatch_counts() -> Result<()> {
     let (x, gamma, beta) = inputs(&mut rng, &shape);
     // The parameter sums in the backward's dispatch (where the device does so), then in a
     // second.
-    for d in [ln_one_dev(), private_dev()] {
+    for d in [ln_one_dev(), ln_dev(false)] {
         let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(&d);
         let mut counts = Vec::new();
         for fused in [true, false] {
@@ -357,7 +357,7 @@ fn dispatch_counts_with_an_f16_output_and_some_gradients() -> Result<()> {
     let shape = [33, 768];
     let (x, gamma, beta) = inputs(&mut rng, &shape);
     let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0);
-    for d in [ln_one_dev(), private_dev()] {
+    for d in [ln_one_dev(), ln_dev(false)] {
         let seed = Tensor::from_slice_as(&d, &seed.f32s(), &shape, DType::F16)?;
         let sums = !ln_sums_in_one_dispatch(&d) as u64;
         // (x, gamma, beta wanting a gradient) -> backward dispatches: dx alone is one; the
@@ -575,8 +575,14 @@ fn ln_sums_in_one_dispatch(d: &Device) -> bool {
 /// A private Device summing the LayerNorm backward's dgamma and dbeta in its own dispatch
 /// where it can (Vulkan and the noop backend; not by default).
 fn ln_one_dev() -> Device {
+    ln_dev(true)
+}
+
+/// A private Device summing the LayerNorm backward's dgamma and dbeta in its own dispatch
+/// (where it can) or in a second, whatever `WGRAD_LN_SUM` says.
+fn ln_dev(one: bool) -> Device {
     Device::with_options(&wgrad::DeviceOptions {
-        layernorm_sums_in_one_dispatch: Some(true),
+        layernorm_sums_in_one_dispatch: Some(one),
         ..Default::default()
     })
     .expect("creating a private wgrad Device")
@@ -597,7 +603,7 @@ fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
     // second dispatch (the default).
     let one = ln_one_dev();
     let vulkan = one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan;
-    let two = private_dev();
+    let two = ln_dev(false);
     let saved = ln_sums_in_one_dispatch(&one) as u64;
     assert!(
         !vulkan || saved == 1,
