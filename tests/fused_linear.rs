@@ -599,27 +599,34 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
     let saved = one.split_in_one_dispatch() as u64;
     // The tiled kernel's 32 x 32 outputs a tile: one pass of its last range's sum. With
     // cooperative matrices (f32 products on the tiled kernel, autocast ones on those), tiles of
-    // 1 to 16 fragments a subgroup, one and two stages.
+    // 1 to 8 fragments a subgroup (SG_MxSG_N/FMxFN), one and two stages.
     let tiled = TileChoice::Tiled(Tile::new(32, 32, 16, 2, 2));
     let coop = Coop::available(one.gpu());
     let tiles: Vec<(TileChoice, &[bool])> = match coop {
         Some(_) => std::iter::once((tiled, &[false][..]))
             .chain(
-                ["1x1/2x2/32", "2x2/2x2/32", "2x4/4x2/32", "2x2/2x2/32/2"]
-                    .iter()
-                    .map(|t| {
-                        (
-                            TileChoice::parse(&format!("coop {t}")).expect("a tile"),
-                            &[true][..],
-                        )
-                    }),
+                [
+                    "2x2/1x1/32",
+                    "1x1/2x2/32",
+                    "2x2/2x2/32",
+                    "2x4/4x2/32",
+                    "2x2/2x2/32/2",
+                ]
+                .iter()
+                .map(|t| {
+                    (
+                        TileChoice::parse(&format!("coop {t}")).expect("a tile"),
+                        &[true][..],
+                    )
+                }),
             )
             .collect(),
         None => vec![(tiled, halves(&one))],
     };
     // Passes of the tile's last range over it: a sum of `split` ranges runs in the product's
     // dispatch where split x passes is at most SPLIT_TAIL_STEPS (the 1x1/2x2 tile: 4 passes,
-    // 2 and 3 ranges; 2x4/4x2: 8 passes, 2 ranges).
+    // 2 and 3 ranges; 2x4/4x2: 8 passes, 2 ranges), with WGRAD_SPLIT_TAIL and WGRAD_SPLIT_MAX
+    // unset.
     let passes = |tile: TileChoice| {
         let (outputs, lanes) = match (tile, coop) {
             (TileChoice::Tiled(t), _) => (t.bm * t.bn, t.lanes()),
@@ -764,11 +771,11 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
                     let fewer: Vec<u64> = (counts[0].iter().enumerate())
                         .map(|(i, c)| c + saves(if i < 9 { k } else { rows }))
                         .collect();
+                    let what = format!("{rows}x{k}x{n} in {split} ranges on {}", tile.name());
                     assert_eq!(
-                    fewer, counts[1],
-                    "{rows}x{k}x{n} in {split} ranges: dispatches with the sum in the product's \
-                     dispatch (plus {saved} a split product), then in a second"
-                );
+                        fewer, counts[1],
+                        "{what}: dispatches with the sum in the product's dispatch, then a second"
+                    );
                     // The same sums in the same order: the same bits.
                     assert!(
                         outputs[0] == outputs[1],

@@ -44,7 +44,9 @@ struct Runtime {
 /// backward summing dgamma and dbeta in its dispatch takes one a group of chunks, and one.)
 pub const SPLIT_TICKETS: usize = 1 << 16;
 
-/// Ticket buffers the dispatches that sum in their own dispatch bind in turn.
+/// Ticket buffers the dispatches that sum in their own dispatch bind in turn: a linear's dX and
+/// dW, and the next linear's, bind different ones (one buffer put a barrier between every two;
+/// four is a guess, not a measured count).
 const TICKET_BUFFERS: usize = 4;
 
 /// How the CPU waits for the GPU (`sync`, read-backs).
@@ -107,6 +109,7 @@ struct State {
     /// made when first bound, and the one the next such dispatch binds. Buffers, not Storages:
     /// a Storage holds its Device.
     split_tickets: Vec<BufferRef>,
+    /// The one of them the next dispatch with tickets binds.
     next_tickets: usize,
 }
 
@@ -238,6 +241,7 @@ impl Device {
                 )
         }) && gpu.limits.max_storage_buffers_per_shader_stage >= 7;
         let layernorm_sums_in_one_dispatch = split_in_one_dispatch
+            && gpu.limits.max_storage_buffers_per_shader_stage >= 10
             && options
                 .layernorm_sums_in_one_dispatch
                 .unwrap_or_else(|| std::env::var("WGRAD_LN_SUM").is_ok_and(|v| v == "one"));

@@ -1,7 +1,7 @@
 //! Launcher of `wgsl/layernorm.wgsl`: LayerNorm over the last dim, forward (saving mean and
 //! rstd; y in f32 or f16) and backward: dx with each chunk of rows' partial dgamma and dbeta,
-//! then both parameter gradients from the partials, in a second dispatch or (where the device
-//! sums a split in one dispatch) in the same one.
+//! then both parameter gradients from the partials, in a second dispatch or, where asked for
+//! (`Device::layernorm_sums_in_one_dispatch`, `WGRAD_LN_SUM=one`), in the same one.
 
 use bytemuck::{Pod, Zeroable};
 

@@ -87,7 +87,8 @@ pub static MATMUL_BIAS_GELU: KernelDesc = KernelDesc {
     params_size: std::mem::size_of::<MatmulParams>() as u64,
 };
 
-/// The bindings of a split product in one dispatch (`matmul_split`; matmul_split_tail.wgsl):
+/// The bindings of a split product in one dispatch (`matmul_split`, `matmul_coop_split`;
+/// matmul_split_tail.wgsl):
 /// C, A, B, the bias, the residual or column sums (`pre`), the partials (f32 bits, tile by
 /// tile) and the tickets (u32, one a tile, 0 between products).
 pub(crate) const SPLIT_STORAGE: &[Access] = &[

@@ -54,7 +54,7 @@ fn chunks(rows: usize) -> (usize, usize) {
 /// one after the other at its end: a group's last workgroup adds the group's partials (a
 /// group's chunks a column), then the last of those adds the groups' (the groups a column);
 /// ceil(sqrt(n_chunks)) makes the two about equally long (16 and 16 at DistilGPT-2's 4 x 128:
-/// 256 chunks; 8 about as fast, 64 and 256 slower on an H100, PROFILING.md).
+/// 256 chunks; 8 about as fast, 64 and 256 slower on an H100, 2026-11-26, PROFILING.md).
 /// `WGRAD_LN_GROUP=N` sets it (a measurement switch).
 fn group_chunks(n_chunks: usize) -> usize {
     static GROUP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
