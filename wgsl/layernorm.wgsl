@@ -270,54 +270,82 @@ fn put_params(c: u32, sg: f32, sb: f32) {
     if (B_OUT == ADD) { dbeta_out[ob] = dbeta_out[ob] + sb; }
 }
 
-// Slices (chunks or groups) a lane of a tail loads at once: with both parameters and
-// LANE_COLS columns, 32 loads in flight, so a tail over 16 slices waits about 4 load
-// latencies a pass over the columns.
-const TAIL_SLICES: u32 = 4u;
+// A tail's step: 4 slices (chunks or groups) of a lane's LANE_COLS (4) columns of both
+// parameters, 32 loads issued before the step's sums, so a tail over 16 slices waits about 4
+// load latencies a pass over the columns. The loads are behind no branch (columns past C read
+// the last one's, whose sums are never stored) and land in vectors, not arrays indexed in
+// loops: loaded into arrays behind a branch each they waited one after another on an H100
+// (about 0.5 us a chunk summed, 2026-11-26).
+const_assert LANE_COLS == 4u;
+
+// Where column c0 + j * RED_WG (j < 4) of a (2, slices, C) region of `part` from `at` starts
+// at slice `first`: the column clamped into C.
+fn tail_offsets(at: u32, first: u32, c0: u32) -> vec4<u32> {
+    let base = at + first * p.cols;
+    let last = p.cols - 1u;
+    return vec4<u32>(
+        base + min(c0, last),
+        base + min(c0 + RED_WG, last),
+        base + min(c0 + 2u * RED_WG, last),
+        base + min(c0 + 3u * RED_WG, last),
+    );
+}
+
+// The partials at four offsets.
+fn part4(o: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(part_at(o.x), part_at(o.y), part_at(o.z), part_at(o.w));
+}
 
 // Columns c0 + j * RED_WG (j < LANE_COLS) of dgamma and dbeta summed in slice order over
 // slices first..first + count of a (2, slices, C) region of `part` from `at` (a parameter
-// whose mode is NONE: 0).
+// whose mode is NONE: 0; a column past C: not a sum, never stored).
 fn tail_sums(at: u32, slices: u32, first: u32, count: u32, c0: u32) -> LaneSums {
-    var og: array<u32, LANE_COLS>;
-    var valid: array<bool, LANE_COLS>;
-    for (var j = 0u; j < LANE_COLS; j++) {
-        let c = c0 + j * RED_WG;
-        valid[j] = c < p.cols;
-        og[j] = at + first * p.cols + c;
-    }
-    let b_off = slices * p.cols;
-    var s: LaneSums;
+    let og = tail_offsets(at, first, c0);
+    let ob = og + vec4<u32>(slices * p.cols);
+    let row = p.cols;
+    var sg = vec4<f32>(0.0);
+    var sb = vec4<f32>(0.0);
     var k = 0u;
-    // TAIL_SLICES slices a step: every load of the step issued before its sums (in slice
-    // order).
-    for (; k + TAIL_SLICES <= count; k += TAIL_SLICES) {
-        var vg: array<array<f32, LANE_COLS>, TAIL_SLICES>;
-        var vb: array<array<f32, LANE_COLS>, TAIL_SLICES>;
-        for (var u = 0u; u < TAIL_SLICES; u++) {
-            let o = (k + u) * p.cols;
-            for (var j = 0u; j < LANE_COLS; j++) {
-                if (valid[j]) {
-                    if (G_OUT != NONE) { vg[u][j] = part_at(og[j] + o); }
-                    if (B_OUT != NONE) { vb[u][j] = part_at(og[j] + b_off + o); }
-                }
-            }
+    for (; k + 4u <= count; k += 4u) {
+        let o = vec4<u32>(k * row);
+        var g0 = vec4<f32>(0.0);
+        var g1 = vec4<f32>(0.0);
+        var g2 = vec4<f32>(0.0);
+        var g3 = vec4<f32>(0.0);
+        var b0 = vec4<f32>(0.0);
+        var b1 = vec4<f32>(0.0);
+        var b2 = vec4<f32>(0.0);
+        var b3 = vec4<f32>(0.0);
+        if (G_OUT != NONE) {
+            g0 = part4(og + o);
+            g1 = part4(og + o + vec4<u32>(row));
+            g2 = part4(og + o + vec4<u32>(2u * row));
+            g3 = part4(og + o + vec4<u32>(3u * row));
         }
-        for (var u = 0u; u < TAIL_SLICES; u++) {
-            for (var j = 0u; j < LANE_COLS; j++) {
-                s.g[j] += vg[u][j];
-                s.b[j] += vb[u][j];
-            }
+        if (B_OUT != NONE) {
+            b0 = part4(ob + o);
+            b1 = part4(ob + o + vec4<u32>(row));
+            b2 = part4(ob + o + vec4<u32>(2u * row));
+            b3 = part4(ob + o + vec4<u32>(3u * row));
         }
+        sg += g0;
+        sg += g1;
+        sg += g2;
+        sg += g3;
+        sb += b0;
+        sb += b1;
+        sb += b2;
+        sb += b3;
     }
     for (; k < count; k++) {
-        let o = k * p.cols;
-        for (var j = 0u; j < LANE_COLS; j++) {
-            if (valid[j]) {
-                if (G_OUT != NONE) { s.g[j] += part_at(og[j] + o); }
-                if (B_OUT != NONE) { s.b[j] += part_at(og[j] + b_off + o); }
-            }
-        }
+        let o = vec4<u32>(k * row);
+        if (G_OUT != NONE) { sg += part4(og + o); }
+        if (B_OUT != NONE) { sb += part4(ob + o); }
+    }
+    var s: LaneSums;
+    for (var j = 0u; j < LANE_COLS; j++) {
+        s.g[j] = sg[j];
+        s.b[j] = sb[j];
     }
     return s;
 }
