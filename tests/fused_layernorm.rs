@@ -314,7 +314,7 @@ fn dispatch_counts() -> Result<()> {
     let mut rng = rng("layernorm_dispatches");
     let shape = [33, 768];
     let (x, gamma, beta) = inputs(&mut rng, &shape);
-    // The parameter sums in the backward's dispatch (where the device does so), then in a
+    // The parameter sums in the backward's dispatch (asked for, where the device can), then in a
     // second.
     for d in [ln_one_dev(), ln_dev(false)] {
         let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(&d);

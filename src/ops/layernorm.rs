@@ -516,7 +516,7 @@ mod tests {
 
     /// dgamma and dbeta into strided targets at offsets of one buffer (every third element from
     /// 1 and from 2, 0.5 beforehand), written, added into or not asked for, each with and
-    /// without dx, with the sums in the backward's dispatch (where the device does so) and in a
+    /// without dx, with the sums in the backward's dispatch (asked for, where the device can) and in a
     /// second: against f64, the elements around the targets untouched, one dispatch fewer
     /// with the sums in the backward's.
     #[test]
