@@ -403,6 +403,55 @@ fn padded_rows_are_read_in_place_and_their_padding_gets_no_gradient() -> Result<
 }
 
 #[test]
+fn f16_logits_match_f64_on_their_rounded_values() -> Result<()> {
+    // f16 logits (the --amp LM head's) are widened to f32 as they load: loss and dlogits match
+    // the f64 reference of the rounded values, in vectors of 4 (rows on 4-element boundaries,
+    // the last vector reaching into the padding) and not, dlogits f32 and f16.
+    let d = private_dev();
+    let mut rng = rng("ce_f16_logits");
+    for (n, v, vp) in [
+        (5, 7, 7),
+        (4, 1000, 1000),
+        (6, 255, 260),
+        (3, 50257, 50304),
+        (2, 9, 11),
+    ] {
+        let full = Arr::rand(&mut rng, &[n, vp], -8.0, 8.0);
+        let rounded = Arr {
+            shape: full.shape.clone(),
+            data: full
+                .data
+                .iter()
+                .map(|&x| half::f16::from_f64(x).to_f64())
+                .collect(),
+        };
+        let x = rounded.narrow(1, 0, v);
+        let targets = rand_targets(&mut rng, n, v);
+        let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, None);
+        let t = Tensor::from_u32(&d, &targets, &[n])?;
+        for grad_dtype in [DType::F32, DType::F16] {
+            let half = full.upload(&d).to_dtype(DType::F16)?.requires_grad();
+            let logits = half.narrow(1, 0, v)?;
+            poison(&d, 2 * n);
+            let loss = logits.cross_entropy_grad_as(&t, None, grad_dtype)?;
+            poison(&d, n * vp);
+            loss.backward()?;
+            let what = format!("({n}, {v}, {vp}) dlogits {grad_dtype:?}");
+            assert_close(&[loss.item()?], &[want_loss], TOL, &format!("loss {what}"));
+            let grad = half.grad().expect("reached by backward").to_vec()?;
+            let inside: Vec<f32> = grad.chunks(vp).flat_map(|r| r[..v].to_vec()).collect();
+            // dlogits scaled by V * n are of order 1; an f16 gradient is within its rounding.
+            let s = (v * n) as f64;
+            let got: Vec<f32> = inside.iter().map(|&g| (g as f64 * s) as f32).collect();
+            let want: Vec<f64> = want_grad.iter().map(|w| w * s).collect();
+            let tol = if grad_dtype == DType::F16 { 2e-3 } else { TOL };
+            assert_close(&got, &want, tol, &what);
+        }
+    }
+    Ok(())
+}
+
+#[test]
 fn lm_head_in_padded_rows_with_f16_gradients_matches_the_plain_head() -> Result<()> {
     // The --amp training loss: logits in rows padded to 64 elements by the LM head (tied
     // weights: the weight is a transposed view), their gradient made in f16 by cross-entropy.
@@ -417,13 +466,15 @@ fn lm_head_in_padded_rows_with_f16_gradients_matches_the_plain_head() -> Result<
         let targets = rand_targets(&mut rng, n, v);
         let t = Tensor::from_u32(d, &targets, &[n])?;
         let mut results = Vec::new();
-        for padded in [true, false] {
+        // Padded f32 logits, padded f16 logits (the --amp loss's), the plain head.
+        for padded in [Some(DType::F32), Some(DType::F16), None] {
             let (hl, wl) = (h.upload(d).requires_grad(), wte.upload(d).requires_grad());
             let loss = autocast(true, || -> Result<Tensor> {
                 let w = wl.t()?;
-                if padded {
-                    let logits = hl.linear_padded(&w, 64)?;
+                if let Some(dtype) = padded {
+                    let logits = hl.linear_padded_as(&w, 64, dtype)?;
                     assert_eq!(logits.strides(), &[v.next_multiple_of(64), 1]);
+                    assert_eq!(logits.dtype(), dtype);
                     logits.cross_entropy_grad_as(&t, None, DType::F16)
                 } else {
                     hl.linear(&w, None, Activation::None)?
@@ -437,26 +488,37 @@ fn lm_head_in_padded_rows_with_f16_gradients_matches_the_plain_head() -> Result<
                 wl.grad().expect("reached").to_vec()?,
             ));
         }
-        let (got, plain) = (&results[0], &results[1]);
-        assert_close(&[got.0], &[plain.0 as f64], 1e-5, "loss");
         let rel = |a: &[f32], b: &[f32]| {
             let num: f32 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
             let den: f32 = b.iter().map(|y| y * y).sum();
             (num / den).sqrt()
         };
-        for (what, a, b) in [("dh", &got.1, &plain.1), ("dwte", &got.2, &plain.2)] {
-            let e = rel(a, b);
-            assert!(
-                e < 1e-3,
-                "({n}, {c}, {v}) {what}: relative error {e} against the plain head"
+        let plain = &results[2];
+        // f16 logits: the loss within their rounding (about 4e-3 at these logits' size, one
+        // in 2^11 of it), the gradients a little further off.
+        for (got, loss_tol, grad_tol, kind) in [
+            (&results[0], 1e-5, 1e-3, "f32"),
+            (&results[1], 1e-3, 3e-3, "f16"),
+        ] {
+            assert_close(
+                &[got.0],
+                &[plain.0 as f64],
+                loss_tol,
+                &format!("{kind} loss"),
             );
+            for (what, a, b) in [("dh", &got.1, &plain.1), ("dwte", &got.2, &plain.2)] {
+                let e = rel(a, b);
+                assert!(
+                    e < grad_tol,
+                    "({n}, {c}, {v}) {kind} logits {what}: relative error {e} against the plain head"
+                );
+            }
         }
         // The f64 reference: logits = h wte^T, dh = dlogits wte, dwte = dlogits^T h.
         let logits = Arr::build(&[n, v], |i| {
             (0..c).map(|k| h.at(&[i[0], k]) * wte.at(&[i[1], k])).sum()
         });
         let (loss, dl) = ce_ref(&logits.data, &targets, v, None);
-        assert_close(&[got.0], &[loss], 1e-2, "loss against f64");
         let dh: Vec<f64> = (0..n * c)
             .map(|e| {
                 (0..v)
@@ -467,13 +529,21 @@ fn lm_head_in_padded_rows_with_f16_gradients_matches_the_plain_head() -> Result<
         let dw: Vec<f64> = (0..v * c)
             .map(|e| (0..n).map(|r| dl[r * v + e / c] * h.at(&[r, e % c])).sum())
             .collect();
-        for (what, g, want) in [("dh", &got.1, dh), ("dwte", &got.2, dw)] {
-            let wf: Vec<f32> = want.iter().map(|&x| x as f32).collect();
-            let e = rel(g, &wf);
-            assert!(
-                e < 2e-2,
-                "({n}, {c}, {v}) {what}: relative error {e} against f64"
+        for (got, kind) in [(&results[0], "f32"), (&results[1], "f16")] {
+            assert_close(
+                &[got.0],
+                &[loss],
+                1e-2,
+                &format!("{kind} logits: loss against f64"),
             );
+            for (what, g, want) in [("dh", &got.1, &dh), ("dwte", &got.2, &dw)] {
+                let wf: Vec<f32> = want.iter().map(|&x| x as f32).collect();
+                let e = rel(g, &wf);
+                assert!(
+                    e < 2e-2,
+                    "({n}, {c}, {v}) {kind} logits {what}: relative error {e} against f64"
+                );
+            }
         }
     }
     Ok(())

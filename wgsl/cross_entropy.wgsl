@@ -7,7 +7,11 @@
 //   when m grows (online softmax); the workgroup then takes M = max m and
 //   S = sum s * exp(m - M), so
 //     lse[r] = M + log(S),  loss[r] = lse[r] - x[r, target[r]]   (0 where target = ignore)
-//   all in f32; lse is saved for backward.
+//   all in f32 (XT logits, f32 or f16, widened as they load); lse is saved for backward.
+// cross_entropy_forward_vec4: the same, 4 columns a lane through vec4 loads (rows on
+//   4-element boundaries, checked by the launcher), two vectors a step in flight; the running
+//   max moves once a vector (5 exponentials a vector, no branch). Components past V (the last
+//   vector's, in the row's padding) count as the lowest f32: exp of them is 0.
 // cross_entropy_backward: one workgroup per row, one pass, no reduction:
 //     dlogits[r, j] = g * inv_n * (exp(x[r, j] - lse[r]) - (j == target[r]))   (0 if ignored)
 //   with g the upstream gradient of the mean loss (one f32 read from its buffer: no host
@@ -23,7 +27,8 @@
 // Bindings: each entry point has its own signature (listed in src/kernels/cross_entropy.rs);
 // WGSL lets different entry points reuse a binding number, and a variable read by several
 // kernels keeps one slot.
-// Specialization: ACC (backward adds into dlogits: gradient accumulation); OT (dlogits' type).
+// Specialization: ACC (backward adds into dlogits: gradient accumulation); OT (dlogits' type);
+// XT (the logits' type: f32, or f16 from a half-precision LM head).
 
 struct Params {
     rows: u32,
@@ -43,7 +48,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 
 // Shared by both kernels.
-@group(0) @binding(3) var<storage, read> logits: array<f32>;  // (rows, V)
+@group(0) @binding(3) var<storage, read> logits: array<XT>;   // (rows, V)
 @group(0) @binding(4) var<storage, read> targets: array<u32>; // (rows)
 
 // cross_entropy_forward: loss, lse, logits, targets.
@@ -54,8 +59,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> dlogits: array<OT>;        // (rows, V)
 @group(0) @binding(2) var<storage, read> lse: array<f32>;                 // (rows)
 @group(0) @binding(5) var<storage, read> g: array<f32>;                   // [] at g_offset
-// cross_entropy_backward_vec4's views of the logits and dlogits, 4 elements a vector.
-@group(0) @binding(3) var<storage, read> logits4: array<vec4<f32>>;
+// The _vec4 kernels' views of the logits and dlogits, 4 elements a vector.
+@group(0) @binding(3) var<storage, read> logits4: array<vec4<XT>>;
 @group(0) @binding(1) var<storage, read_write> dlogits4: array<vec4<OT>>;
 
 // The most negative f32: the running max before any logit (exp(-FLT_MAX - M) is 0, where
@@ -73,7 +78,7 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
     var m = LOWEST;
     var s = 0.0;
     for (var j = lanes.lid; j < p.cols; j += RED_WG) {
-        let v = logits[base + j];
+        let v = f32(logits[base + j]);
         if (v > m) {
             s = s * exp(m - v) + 1.0;
             m = v;
@@ -81,19 +86,70 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
             s += exp(v - m);
         }
     }
+    let t = targets[p.target_offset + row];
+    var picked = 0.0;
+    if (lanes.lid == 0u && t != p.ignore_index) {
+        picked = f32(logits[base + t]);
+    }
+    finish_row(row, t, picked, m, s, lanes);
+}
+
+// The workgroup's lse and loss of a row from each lane's running max m and sum s; `picked` is
+// the target's logit, read by lane 0 (each entry point through its own view of the logits).
+fn finish_row(row: u32, t: u32, picked: f32, m: f32, s: f32, lanes: Lanes) {
     let row_max = wg_max(m, lanes);
     let sum = wg_sum(s * exp(m - row_max), lanes);
 
     if (lanes.lid == 0u) {
         let l = row_max + log(sum);
         lse_out[row] = l;
-        let t = targets[p.target_offset + row];
-        if (t == p.ignore_index) {
-            loss[row] = 0.0;
-        } else {
-            loss[row] = l - logits[base + t];
-        }
+        loss[row] = select(l - picked, 0.0, t == p.ignore_index);
     }
+}
+
+// A vector of logits in f32, its components at columns past V the lowest f32.
+fn logits_vec(base4: u32, q: u32) -> vec4<f32> {
+    let j = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
+    return select(vec4<f32>(logits4[base4 + q]), vec4<f32>(LOWEST), j >= vec4<u32>(p.cols));
+}
+
+// The running (m, s) after the vector v.
+fn online_add(ms: vec2<f32>, v: vec4<f32>) -> vec2<f32> {
+    let m = max(ms.x, max(max(v.x, v.y), max(v.z, v.w)));
+    let e = exp(v - vec4<f32>(m));
+    return vec2<f32>(m, ms.y * exp(ms.x - m) + (e.x + e.y) + (e.z + e.w));
+}
+
+@compute @workgroup_size(RED_WG)
+fn cross_entropy_forward_vec4(@builtin(workgroup_id) wid: vec3<u32>,
+                              @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    let row = wid.y * nwg.x + wid.x;
+    if (row >= p.rows) { return; }
+    let base = p.x_offset + row * p.x_rs;
+    let base4 = base / 4u;
+    let quads = (p.cols + 3u) / 4u;
+    // Two running pairs, so two vectors' loads are in flight a step.
+    var a = vec2<f32>(LOWEST, 0.0);
+    var b = vec2<f32>(LOWEST, 0.0);
+    var q = lanes.lid;
+    for (; q + RED_WG < quads; q += 2u * RED_WG) {
+        let u = logits_vec(base4, q);
+        let v = logits_vec(base4, q + RED_WG);
+        a = online_add(a, u);
+        b = online_add(b, v);
+    }
+    if (q < quads) {
+        a = online_add(a, logits_vec(base4, q));
+    }
+    let m = max(a.x, b.x);
+    let s = a.y * exp(a.x - m) + b.y * exp(b.x - m);
+    let t = targets[p.target_offset + row];
+    var picked = 0.0;
+    if (lanes.lid == 0u && t != p.ignore_index) {
+        let e = base + t; // base is a multiple of 4
+        picked = f32(logits4[e / 4u][e % 4u]);
+    }
+    finish_row(row, t, picked, m, s, lanes);
 }
 
 // What both backward kernels read of a row: its target, whether it is ignored, the scale of
@@ -123,7 +179,7 @@ fn cross_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>,
         var d = 0.0;
         if (!r.ignored) {
             let onehot = select(0.0, 1.0, j == r.t);
-            d = r.scale * (exp(logits[base + j] - r.lse) - onehot);
+            d = r.scale * (exp(f32(logits[base + j]) - r.lse) - onehot);
         }
         let o = out_base + j;
         if (ACC) {
@@ -149,7 +205,7 @@ fn cross_entropy_backward_vec4(@builtin(workgroup_id) wid: vec3<u32>,
         var d = vec4<f32>(0.0);
         if (!r.ignored) {
             let onehot = select(vec4<f32>(0.0), vec4<f32>(1.0), j == vec4<u32>(r.t));
-            d = r.scale * (exp(logits4[base + q] - r.lse) - onehot);
+            d = r.scale * (exp(vec4<f32>(logits4[base + q]) - r.lse) - onehot);
         }
         let o = out_base + q;
         let past = j >= vec4<u32>(p.cols);

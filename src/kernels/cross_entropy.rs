@@ -1,6 +1,6 @@
-//! Launcher of `wgsl/cross_entropy.wgsl`: per-row cross-entropy of logits against u32 targets
-//! (forward, saving lse) and dlogits (backward: scalar, or 4 columns a lane where the rows sit
-//! on 4-element boundaries), each one pass over the logits.
+//! Launcher of `wgsl/cross_entropy.wgsl`: per-row cross-entropy of logits (f32 or f16) against
+//! u32 targets (forward, saving lse) and dlogits (backward), each one pass over the logits,
+//! scalar or 4 columns a lane where the rows sit on 4-element boundaries.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -69,7 +69,15 @@ pub static CROSS_ENTROPY_BACKWARD: KernelDesc = KernelDesc {
     params_size: PARAMS,
 };
 
-/// The same bindings, 4 columns a lane (rows, offsets and strides multiples of 4).
+/// The forward's bindings, 4 columns a lane (rows, offsets and strides multiples of 4).
+pub static CROSS_ENTROPY_FORWARD_VEC4: KernelDesc = KernelDesc {
+    name: "cross_entropy_forward_vec4",
+    family: &FAMILY,
+    storage: CROSS_ENTROPY_FORWARD.storage,
+    params_size: PARAMS,
+};
+
+/// The backward's bindings, 4 columns a lane (rows, offsets and strides multiples of 4).
 pub static CROSS_ENTROPY_BACKWARD_VEC4: KernelDesc = KernelDesc {
     name: "cross_entropy_backward_vec4",
     family: &FAMILY,
@@ -77,23 +85,35 @@ pub static CROSS_ENTROPY_BACKWARD_VEC4: KernelDesc = KernelDesc {
     params_size: PARAMS,
 };
 
+fn ty(f16: bool) -> &'static str {
+    if f16 {
+        "f16"
+    } else {
+        "f32"
+    }
+}
+
 /// `acc`: the backward adds into dlogits (gradient accumulation) instead of overwriting;
-/// `grad_f16`: dlogits is f16 (else f32).
-pub fn spec(acc: bool, grad_f16: bool) -> Spec {
+/// `grad_f16`: dlogits is f16 (else f32); `logits_f16`: the logits are f16 (else f32).
+pub fn spec(acc: bool, grad_f16: bool, logits_f16: bool) -> Spec {
     Spec::new()
         .bool("ACC", acc)
-        .ty("OT", if grad_f16 { "f16" } else { "f32" })
+        .ty("OT", ty(grad_f16))
+        .ty("XT", ty(logits_f16))
 }
 
 pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
-    let mut v = vec![(&CROSS_ENTROPY_FORWARD, spec(false, false))];
-    for desc in [&CROSS_ENTROPY_BACKWARD, &CROSS_ENTROPY_BACKWARD_VEC4] {
-        for grad_f16 in [false, true] {
-            if grad_f16 && !f16 {
-                continue;
-            }
-            for acc in [false, true] {
-                v.push((desc, spec(acc, grad_f16)));
+    let halves: &[bool] = if f16 { &[false, true] } else { &[false] };
+    let mut v = Vec::new();
+    for &logits_f16 in halves {
+        for desc in [&CROSS_ENTROPY_FORWARD, &CROSS_ENTROPY_FORWARD_VEC4] {
+            v.push((desc, spec(false, false, logits_f16)));
+        }
+        for desc in [&CROSS_ENTROPY_BACKWARD, &CROSS_ENTROPY_BACKWARD_VEC4] {
+            for &grad_f16 in halves {
+                for acc in [false, true] {
+                    v.push((desc, spec(acc, grad_f16, logits_f16)));
+                }
             }
         }
     }

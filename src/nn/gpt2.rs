@@ -18,6 +18,17 @@ use crate::ops::{linear_casts_input, Activation};
 /// accumulators, and the backward products read the logits' gradient in aligned vectors.
 const LOGIT_ROW_ALIGN: usize = 64;
 
+/// The training loss's logits under mixed precision where the LM head is one product: f16,
+/// as PyTorch's autocast makes them (bf16 there; cross-entropy then sums in f32, as here). Half
+/// the bytes the LM head stores and cross-entropy's two passes read. `WGRAD_LOGITS=f32` keeps
+/// them f32 (to measure).
+fn logits_dtype() -> DType {
+    match std::env::var("WGRAD_LOGITS").as_deref() {
+        Ok("f32") => DType::F32,
+        _ => DType::F16,
+    }
+}
+
 /// Which kernels the model runs: the fused ones, or the unfused compositions they are checked
 /// against (slow; for tests and debugging).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -306,8 +317,8 @@ impl Gpt2 {
     }
 
     /// The loss of `loss` with the fused kernels: the LM head's logits (B*T, V) in rows padded
-    /// to `LOGIT_ROW_ALIGN` and cross-entropy on them. With --amp their gradient is f16 (the
-    /// LM head's backward products round it to f16 anyway). When the logits are over one
+    /// to `LOGIT_ROW_ALIGN` and cross-entropy on them. With --amp the logits and their gradient
+    /// are f16 (the LM head's backward products round the gradient to f16 anyway). When the logits are over one
     /// storage binding, the LM head and cross-entropy run over chunks of `per_chunk` token
     /// rows, each chunk's mean weighted by its share of the rows (the same mean; the logits
     /// live in one buffer per chunk).
@@ -323,8 +334,14 @@ impl Gpt2 {
         } else {
             DType::F32
         };
+        // The logits themselves f16 there too (`logits_dtype`).
+        let logits_dtype = if self.amp && single {
+            logits_dtype()
+        } else {
+            DType::F32
+        };
         if n <= per_chunk {
-            let logits = self.loss_logits(&hidden)?; // (B*T, V)
+            let logits = self.loss_logits(&hidden, logits_dtype)?; // (B*T, V)
             return logits.cross_entropy_grad_as(&targets.reshape(&[n])?, None, grad_dtype);
         }
         let host = targets
@@ -341,7 +358,7 @@ impl Gpt2 {
         let mut total: Option<Tensor> = None;
         for r0 in (0..n).step_by(per_chunk) {
             let rows = per_chunk.min(n - r0);
-            let logits = self.loss_logits(&hidden.narrow(0, r0, rows)?)?; // (rows, V)
+            let logits = self.loss_logits(&hidden.narrow(0, r0, rows)?, logits_dtype)?; // (rows, V)
             let t = Tensor::from_u32(device, &host[r0..r0 + rows], &[rows])?;
             let part = logits
                 .cross_entropy_grad_as(&t, None, grad_dtype)?
@@ -358,10 +375,10 @@ impl Gpt2 {
     }
 
     /// The loss's logits (N, V) of hidden states (N, C): `lm_head`, its rows padded to
-    /// `LOGIT_ROW_ALIGN` elements where wte is one tensor.
-    fn loss_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+    /// `LOGIT_ROW_ALIGN` elements and made as `dtype` where wte is one tensor (else f32).
+    fn loss_logits(&self, hidden: &Tensor, dtype: DType) -> Result<Tensor> {
         match self.wte_shards()?.as_slice() {
-            [wte] => hidden.linear_padded(&self.w(wte.name)?.t()?, LOGIT_ROW_ALIGN),
+            [wte] => hidden.linear_padded_as(&self.w(wte.name)?.t()?, LOGIT_ROW_ALIGN, dtype),
             _ => self.lm_head(hidden),
         }
     }

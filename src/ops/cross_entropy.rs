@@ -110,22 +110,16 @@ impl CrossEntropyBackward {
             out_rs: out_rs as u32,
             _pad: [0; 2],
         };
-        // Vectors of 4 where every row starts on one and the last row's last vector (which may
-        // reach past V into the row's padding) lies inside both bindings.
-        let fits = |t: &Tensor, off: usize, rs: usize| {
-            let end = off + (rows - 1) * rs + cols.next_multiple_of(4);
-            off.is_multiple_of(4)
-                && rs.is_multiple_of(4)
-                && end as u64 * t.dtype().size() as u64 <= t.storage().bound_bytes()
-        };
-        let kernel = if rows > 0 && fits(x, x_off, x_rs) && fits(&target, out_off, out_rs) {
+        let vec4 = in_vectors(x, rows, cols, (x_off, x_rs))
+            && in_vectors(&target, rows, cols, (out_off, out_rs));
+        let kernel = if vec4 {
             &cross_entropy::CROSS_ENTROPY_BACKWARD_VEC4
         } else {
             &cross_entropy::CROSS_ENTROPY_BACKWARD
         };
         device.record(
             kernel,
-            &cross_entropy::spec(acc, target.dtype() == DType::F16),
+            &cross_entropy::spec(acc, target.dtype() == DType::F16, x.dtype() == DType::F16),
             &params,
             &[
                 target.storage(),
@@ -138,6 +132,17 @@ impl CrossEntropyBackward {
         );
         Ok(target)
     }
+}
+
+/// Whether `rows` rows of `cols` elements of `t`, from `off` and `rs` apart, read in vectors of
+/// 4: every row starts on one, and the last row's last vector (which may reach past V into the
+/// row's padding) lies inside the binding.
+fn in_vectors(t: &Tensor, rows: usize, cols: usize, (off, rs): (usize, usize)) -> bool {
+    let end = off + rows.saturating_sub(1) * rs + cols.next_multiple_of(4);
+    rows > 0
+        && off.is_multiple_of(4)
+        && rs.is_multiple_of(4)
+        && end as u64 * t.dtype().size() as u64 <= t.storage().bound_bytes()
 }
 
 /// The operands of a cross-entropy, checked.
@@ -160,7 +165,13 @@ fn check_args(
     targets: &Tensor,
     ignore_index: Option<u32>,
 ) -> Result<Checked> {
-    logits.expect_dtype(op, DType::F32)?;
+    if !matches!(logits.dtype(), DType::F32 | DType::F16) {
+        return Err(Error::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: logits.dtype(),
+        });
+    }
     targets.expect_dtype(op, DType::U32)?;
     logits.expect_same_device(op, targets)?;
     let Some((&classes, lead)) = logits.shape().split_last() else {
@@ -237,7 +248,7 @@ fn check_args(
 }
 
 impl Tensor {
-    /// The mean cross-entropy of these logits (..., V) against `targets` (...) or (N) made by
+    /// The mean cross-entropy of these logits (..., V), f32 or f16 (summed in f32), against `targets` (...) or (N) made by
     /// `Tensor::from_u32`, over the rows whose target is not `ignore_index`; shape []. NaN
     /// when every row is ignored (as PyTorch). A target >= V is an error.
     pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<u32>) -> Result<Tensor> {
@@ -274,9 +285,14 @@ impl Tensor {
             x_rs: x_rs as u32,
             ..Default::default()
         };
+        let kernel = if in_vectors(&x, rows, checked.classes, (x_off, x_rs)) {
+            &cross_entropy::CROSS_ENTROPY_FORWARD_VEC4
+        } else {
+            &cross_entropy::CROSS_ENTROPY_FORWARD
+        };
         device.record(
-            &cross_entropy::CROSS_ENTROPY_FORWARD,
-            &cross_entropy::spec(false, false),
+            kernel,
+            &cross_entropy::spec(false, false, x.dtype() == DType::F16),
             &params,
             &[
                 row_loss.storage(),
@@ -313,6 +329,7 @@ impl Tensor {
         targets: &Tensor,
         ignore_index: Option<u32>,
     ) -> Result<Tensor> {
+        self.expect_dtype("cross_entropy_unfused", DType::F32)?;
         let checked = check_args("cross_entropy_unfused", self, targets, ignore_index)?;
         let v = checked.classes;
         let mut onehot = vec![0.0f32; checked.rows * v];

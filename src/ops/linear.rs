@@ -225,7 +225,12 @@ impl Tensor {
     /// then stored straight from the matmul's accumulators, and its gradient (made with the
     /// same rows by cross-entropy) is read by the backward matmuls in vectors.
     pub fn linear_padded(&self, w: &Tensor, row_align: usize) -> Result<Tensor> {
-        self.linear_rows(w, None, Activation::None, DType::F32, row_align, None)
+        self.linear_padded_as(w, row_align, DType::F32)
+    }
+
+    /// `linear_padded` whose output is made as `dtype` (f32, or f16: the kernel's store rounds).
+    pub fn linear_padded_as(&self, w: &Tensor, row_align: usize, dtype: DType) -> Result<Tensor> {
+        self.linear_rows(w, None, Activation::None, dtype, row_align, None)
     }
 
     fn linear_rows(
