@@ -16,8 +16,14 @@ use crate::ops::{autocast, candidate_tiles, heuristic_tile, Out};
 use crate::profile::ceilings::{gpu_ms, warm_up};
 
 /// The numbers of K ranges a search tries on a product that may split K (each range at least
-/// `SEARCH_MIN_K` long).
-pub const SPLITS: [u32; 9] = [1, 2, 3, 4, 5, 6, 8, 12, 16];
+/// `SEARCH_MIN_K` long): every count to 16, then 20, 24 and 32. Which count fills the GPU in
+/// whole waves depends on its cores and on how many workgroups of the tile share one, which
+/// wgpu does not say: on an H100 (132 cores, two 128x128 tiles a core) the 4 x 128 LM head's
+/// dX (6 x 4 tiles) ran 276 us in 11 ranges (264 workgroups: one wave), 345 in 16 and 435 in 12
+/// (2026-11-26); 11 was not among the counts tried before.
+pub const SPLITS: [u32; 19] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 20, 24, 32,
+];
 
 /// The shortest range of K a search times: half the heuristic's `SPLIT_MIN_K`, so that a
 /// 512-row dW product may split in 3 or 4 (H200, 2026-11-25: the 4 x 128 step searched again

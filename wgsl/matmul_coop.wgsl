@@ -19,10 +19,11 @@
 // Workgroup mapping. The workgroup tile BM x BN = (SG_M * FM * FS) x (SG_N * FN * FS): SG_M x
 // SG_N subgroups of SGS lanes, each owning FM x FN accumulators of FS x FS (16 on NVIDIA's
 // Vulkan driver, 8 on Apple): MA, MB, MC alias the f16 A, f16 B and f32 accumulator matrix
-// types. K advances BK at a time: each lane fetches its UA + UB units of the next step into
-// registers while the subgroups multiply the current step out of workgroup memory (loads in
-// flight across the multiply), then stores them: into the same tiles after a barrier (STAGES
-// 1), or into a second set of tiles (STAGES 2: one barrier a step). The tiles are stored along
+// types. K advances BK at a time. With STAGES 1 each lane loads its UA + UB units of a step,
+// stores them into the tiles, and after a barrier the subgroups multiply the step out of
+// workgroup memory (X3 instead fetches the next step's units into registers while this one
+// multiplies: the launcher's `prefetches`); with STAGES 2 the next step's units go into a
+// second set of tiles while this one multiplies (one barrier a step). The tiles are stored along
 // the unit dim (A as [m][k] or [k][m], B as [k][n] or [n][k]) in SHT elements of SHW halves
 // each (the tile snippet: vec4<f16> where cooperative loads take vectors, else f16), rows
 // padded by 8 halves so the rows a fragment load touches fall in different banks; fragments are

@@ -648,12 +648,29 @@ fn half_{x}(u: Unit{up}) -> Unit {{
     )
 }
 
+/// Whether a one-stage tile's loop fetches the next step's units while this step multiplies
+/// (the units held in registers across the multiply), rather than loading, storing and then
+/// multiplying each step in turn. Measured on an H100 (2026-11-26, the same products): f16
+/// products run faster in turn (4096³ 158.3 -> 172.6 TFLOP/s; the 4 x 128 --amp step
+/// 5.11-5.21 -> 4.97-5.16 ms, 8 x 512 --amp 21.8 -> 20.8), X3 products (f32 units, twice the
+/// registers) faster with the prefetch (4096³ 60.4 -> 65.7 TFLOP/s; 8 x 512 f32 48.9 -> 44.3
+/// ms). So X3 prefetches and the f16 kernel does not; `WGRAD_COOP_PREFETCH=1` or `=0` sets it
+/// for every product (to measure). Two-stage tiles always overlap.
+fn prefetches(x3: bool) -> bool {
+    match std::env::var("WGRAD_COOP_PREFETCH").as_deref() {
+        Ok("1") => true,
+        Ok("0") => false,
+        _ => x3,
+    }
+}
+
 /// `WGRAD_COOP_ABLATE` (a measurement switch; the products come out wrong) leaves parts out of
 /// the main loop, comma-separated: `noglobal` (units made up instead of loaded), `nostore`
 /// (no tile stores), `nomultiply` (no fragment loads or multiply-adds), `nobarrier` (no
 /// workgroup barriers), `noprefetch` (a step's units loaded and stored before its multiply
-/// rather than during the previous one). What is left runs as it would, so the time of a
-/// part is the difference (PROFILING.md).
+/// rather than during the previous one: what `prefetches` chooses for f16 products; the
+/// products are right). What is left runs as it would, so the time of a part is the
+/// difference (PROFILING.md).
 fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String {
     use std::fmt::Write as _;
     let ablate = std::env::var("WGRAD_COOP_ABLATE").unwrap_or_default();
@@ -825,11 +842,12 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
     }
     let _ = writeln!(
         w,
-        "}}\n\n// Adds the workgroup's tile of A @ B into the subgroup's accumulators: the next step's units\n\
-         // are fetched while this step multiplies.\n\
+        "}}\n\n// Adds the workgroup's tile of A @ B into the subgroup's accumulators (with one stage, each\n\
+         // step's units loaded and stored before it multiplies, or the next step's fetched while it\n\
+         // multiplies: `prefetches` in the launcher).\n\
          fn product(wid: vec3<u32>, lid: u32, sg: u32) {{\n    let sm = sg / SG_N;\n    let sn = sg % SG_N;\n    k_range(wid);"
     );
-    if t.stages == 1 && off("noprefetch") {
+    if t.stages == 1 && (off("noprefetch") || !prefetches(x3)) {
         let _ = writeln!(
             w,
             "    for (var k0 = k_lo; k0 < k_hi; k0 += BK) {{\n\
