@@ -26,10 +26,12 @@
 // take it through the scratch every block), the forward runs two passes over the key blocks:
 // the first takes each query's row max and sum (S only), the second P = exp(S - lse), already
 // normalized, and O += P v.
-// A block's rows of the other side are in flight while the block before it works: each lane
-// loads its share of the next block into registers (`fetch_*`) right after the current block is
-// stored into the tiles, and stores it (`put_*`) once the current block is done with them, so
-// the loads' latency hides behind a block's products and softmax instead of stalling each block.
+// With PREFETCH a block's rows of the other side are in flight while the block before it works:
+// each lane loads its share of the next block into registers (`fetch_*`) right after the current
+// block is stored into the tiles, and stores it (`put_*`) once the current block is done with
+// them, so the loads' latency hides behind a block's products and softmax. Without it each
+// block is loaded (`fetch_*`) just before it is stored (the registers free during the block's
+// work; the launcher's `prefetches` chooses).
 // Tiles, f16, rows padded by 8 halves, regions of one array h_sh (see its declaration); fragments
 // are loaded row-major (coopLoadT) as A or B operands, or column-major (coopLoad) for the
 // transposed operands (k^T, v^T, q^T, dO^T).
@@ -38,7 +40,8 @@
 //
 // Specialization: KIND (0 forward, 3 backward), FS, SGS, SG, BC, DMAX (head dim padded to a
 // multiple of FS), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
-// ACC_DK, ACC_DV (add into the target instead of overwriting it); snippet OWN.
+// ACC_DK, ACC_DV (add into the target instead of overwriting it), PREFETCH (the next block in
+// flight); snippet OWN.
 
 enable wgpu_cooperative_matrix;
 
@@ -265,11 +268,15 @@ fn put_nx1(view: vec4<u32>, bh: u32, row0: u32, off: u32, lid: u32) {
 // block, or the own rows, is done with them), and the next block's loads issued (none after
 // the last block before `keys`): the forward's second pass and dQ.
 fn kv_block(bh: u32, k0: u32, keys: u32, lid: u32) {
+    if (!PREFETCH) {
+        fetch_k(bh, k0, lid);
+        fetch_v(bh, k0, lid);
+    }
     workgroupBarrier();
     put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
     put_nx1(p.v, bh, k0, V_OFF, lid);
     workgroupBarrier();
-    if (k0 + BC < keys) {
+    if (PREFETCH && k0 + BC < keys) {
         fetch_k(bh, k0 + BC, lid);
         fetch_v(bh, k0 + BC, lid);
     }
@@ -465,7 +472,9 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 
     // The first block of keys in flight while the subgroup's queries (scale * q) become
     // fragments.
-    fetch_k(bh, 0u, lid);
+    if (PREFETCH) {
+        fetch_k(bh, 0u, lid);
+    }
     stage_q(bh, q0, lid);
     workgroupBarrier();
     own_a(r0);
@@ -475,13 +484,16 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     var m = NEG_BIG;
     var l = 0.0;
     for (var k0 = 0u; k0 < keys; k0 += BC) {
+        if (!PREFETCH) {
+            fetch_k(bh, k0, lid);
+        }
         workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
         put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
         workgroupBarrier();
         // The next block in flight; after the last, pass 2's first (k and v).
-        if (k0 + BC < keys) {
+        if (PREFETCH && k0 + BC < keys) {
             fetch_k(bh, k0 + BC, lid);
-        } else {
+        } else if (PREFETCH) {
             fetch_k(bh, 0u, lid);
             fetch_v(bh, 0u, lid);
         }
@@ -562,8 +574,10 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         let qi = q0 + row;
         // The first block of keys and values in flight while the subgroup's queries become
         // fragments: scale * q, then dO.
-        fetch_k(bh, 0u, lid);
-        fetch_v(bh, 0u, lid);
+        if (PREFETCH) {
+            fetch_k(bh, 0u, lid);
+            fetch_v(bh, 0u, lid);
+        }
         own_rows(bh, q0, r0, lid, false);
         // This lane's query's lse and D.
         var lse_i = 0.0;
@@ -612,9 +626,11 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         // The first block of queries (q, dO, lse, D) in flight while the subgroup's keys
         // become fragments: k, then v. Queries before k0 see none of these keys.
         let first = (k0 / BC) * BC;
-        fetch_q(bh, first, lid);
-        fetch_do(bh, first, lid);
-        fetch_ld(bh, first, lid);
+        if (PREFETCH) {
+            fetch_q(bh, first, lid);
+            fetch_do(bh, first, lid);
+            fetch_ld(bh, first, lid);
+        }
         own_rows(bh, k0, r0, lid, true);
         let direct = k0 + ROWS <= p.t && p.d == DMAX
             && all(p.dk % vec4<u32>(4u) == vec4<u32>())
@@ -625,6 +641,11 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             load_dv(bh, k0, r0);
         }
         for (var q0 = first; q0 < p.t; q0 += BC) {
+            if (!PREFETCH) {
+                fetch_q(bh, q0, lid);
+                fetch_do(bh, q0, lid);
+                fetch_ld(bh, q0, lid);
+            }
             workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or own rows) is done
             put_nx0(p.q, bh, q0, Q_OFF, p.scale, lid);
             put_nx1(p.dout, bh, q0, DO_OFF, lid);
@@ -634,7 +655,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                 dvec_c[lid] = select(0.0, nd, inside);
             }
             workgroupBarrier();
-            if (q0 + BC < p.t) {
+            if (PREFETCH && q0 + BC < p.t) {
                 fetch_q(bh, q0 + BC, lid);
                 fetch_do(bh, q0 + BC, lid);
                 fetch_ld(bh, q0 + BC, lid);
