@@ -2372,6 +2372,105 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
     }
 }
 
+/// A search's winners checked inside the step (`tune::in_step`): each product tries its
+/// candidates (the search's winner first, each distinct, within `NEAR` of it), each timed in
+/// the step; the one with the least GPU-busy time is in the table, and the step's gradients
+/// are the same on it.
+#[test]
+fn in_step_check_keeps_the_candidate_the_step_ran_fastest_on() {
+    use wgrad::ops::Activation;
+    use wgrad::tune::in_step;
+    let d = tiled_dev();
+    assert!(
+        d.gpu().has(wgrad::wgpu::Features::TIMESTAMP_QUERY),
+        "the test adapter times the GPU (lavapipe does)"
+    );
+    let mut rng = rng("in-step check");
+    let (rows, c, h) = (512, 40, 512);
+    let x = Arr::rand(&mut rng, &[rows, c], -1.0, 1.0).upload(&d);
+    let w1 = Arr::rand(&mut rng, &[c, h], -0.5, 0.5)
+        .upload(&d)
+        .requires_grad();
+    let w2 = Arr::rand(&mut rng, &[h, c], -0.1, 0.1)
+        .upload(&d)
+        .requires_grad();
+    let step = || -> wgrad::Result<Vec<Vec<f32>>> {
+        for p in [&w1, &w2] {
+            p.zero_grad();
+        }
+        let y = x.linear(&w1, None, Activation::None)?;
+        let z = y.linear(&w2, None, Activation::None)?;
+        z.square()?.sum_all()?.backward()?;
+        [&w1, &w2]
+            .iter()
+            .map(|p| p.grad().expect("reached by backward").to_vec())
+            .collect()
+    };
+    let before = step().unwrap();
+    let searches = wgrad::tune::search_step(&d, 1, || step().map(drop)).unwrap();
+    let refined = in_step::refine_step(&d, &searches, || step().map(drop))
+        .unwrap()
+        .expect("an adapter with timestamps checks in the step");
+    assert_eq!(refined.len(), searches.len());
+    let table = d.tile_rows();
+    for s in &searches {
+        let what = s.key.describe();
+        // refine_step goes largest first: each search's own result.
+        let r = refined
+            .iter()
+            .find(|r| r.key == s.key)
+            .expect("every product checked");
+        let cands = in_step::candidates(s);
+        assert!(!cands.is_empty() && cands.len() <= in_step::MOST, "{what}");
+        let best = s.best();
+        assert!(
+            cands[0].tile == best.tile && cands[0].split == best.split,
+            "{what}: winner first"
+        );
+        for (i, m) in cands.iter().enumerate() {
+            assert!(
+                m.ms <= best.ms * in_step::NEAR,
+                "{what}: {} too slow alone",
+                m.name()
+            );
+            assert!(
+                !cands[..i]
+                    .iter()
+                    .any(|o| o.tile == m.tile && o.split == m.split),
+                "{what}: {} tried twice",
+                m.name()
+            );
+        }
+        let tried: Vec<_> = r.tried.iter().map(|(m, _)| (m.tile, m.split)).collect();
+        let want: Vec<_> = cands.iter().map(|m| (m.tile, m.split)).collect();
+        assert_eq!(tried, want, "{what}: the candidates, in order");
+        let least = r
+            .tried
+            .iter()
+            .map(|(_, ms)| *ms)
+            .fold(f64::INFINITY, f64::min);
+        assert!(least.is_finite() && least > 0.0, "{what}: {least}");
+        let (_, kept_ms) = r.busy_ms();
+        assert_eq!(kept_ms, least, "{what}: the kept one ran the step fastest");
+        assert!(
+            table.iter().any(|(k, t, split, _)| *k == s.key
+                && *t == r.chosen.tile
+                && *split == r.chosen.split),
+            "{what}: the kept one is in the table"
+        );
+    }
+    let after = step().unwrap();
+    for (i, (a, b)) in after.iter().zip(&before).enumerate() {
+        let want: Vec<f64> = b.iter().map(|&v| v as f64).collect();
+        assert_close(
+            a,
+            &want,
+            TOL,
+            &format!("gradient {i} on the kept configurations"),
+        );
+    }
+}
+
 /// A linear's forward (bias and GELU epilogue), a second one's with a residual, their dX, and
 /// their dW with the bias gradient as column sums, at sizes no tile divides; two backwards,
 /// the second's gradients added into the first's. The outputs and gradients of a step on `d`

@@ -36,10 +36,15 @@ pub struct Args {
     warmup: usize,
     #[arg(long)]
     json: bool,
-    /// First search the tile of every matmul product of a step (one untimed step records them)
-    /// and write the adapter's tile table; later runs read it. Step 0 then is no longer cold.
+    /// First search the tile of every matmul product of a step (one untimed step records them),
+    /// check the fastest few of each inside the step (the one under which the step's GPU is
+    /// busy least is kept), and write the adapter's tile table; later runs read it. Step 0
+    /// then is no longer cold.
     #[arg(long)]
     tune: bool,
+    /// With --tune: keep each product's fastest tile alone, unchecked in the step.
+    #[arg(long)]
+    tune_isolated: bool,
 }
 
 #[derive(Serialize)]
@@ -83,10 +88,17 @@ struct Report {
 #[derive(Serialize)]
 struct Tuned {
     product: String,
+    /// The tile (and K ranges) written to the table, and its time alone.
     tile: String,
     ms: f64,
     default_tile: String,
     default_ms: Option<f64>,
+    /// The fastest alone, where the step chose another (or kept it).
+    searched_tile: String,
+    /// Median GPU-busy ms of a step under the searched and the kept tile (checked in the
+    /// step; absent with --tune-isolated or without timestamps).
+    searched_step_busy_ms: Option<f64>,
+    step_busy_ms: Option<f64>,
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -112,15 +124,32 @@ pub fn run(args: &Args) -> Result<()> {
         let searches = tune::search_step(&dev, 5, || {
             trainer.step(std::slice::from_ref(&batch)).map(drop)
         })?;
+        let refined = if args.tune_isolated {
+            None
+        } else {
+            tune::in_step::refine_step(&dev, &searches, || {
+                trainer.step(std::slice::from_ref(&batch))?.item().map(drop)
+            })?
+        };
         tune::save_tiles(&dev)?;
         tuned = searches
             .iter()
-            .map(|s| Tuned {
-                product: s.key.describe(),
-                tile: s.best().name(),
-                ms: s.best().ms,
-                default_tile: s.default.name(),
-                default_ms: s.default_ms(),
+            .map(|s| {
+                let r = refined
+                    .as_ref()
+                    .and_then(|r| r.iter().find(|r| r.key == s.key));
+                let kept = r.map_or(s.best(), |r| r.chosen);
+                let busy = r.map(|r| r.busy_ms());
+                Tuned {
+                    product: s.key.describe(),
+                    tile: kept.name(),
+                    ms: kept.ms,
+                    default_tile: s.default.name(),
+                    default_ms: s.default_ms(),
+                    searched_tile: s.best().name(),
+                    searched_step_busy_ms: busy.map(|b| b.0),
+                    step_busy_ms: busy.map(|b| b.1),
+                }
             })
             .collect();
     }
@@ -247,6 +276,12 @@ pub fn run(args: &Args) -> Result<()> {
                     "  {:<40} {:<22} {:>9.3} ms   (default {} {})",
                     t.product, t.tile, t.ms, t.default_tile, default
                 );
+                if let (Some(a), Some(b)) = (t.searched_step_busy_ms, t.step_busy_ms) {
+                    println!(
+                        "  {:<40} in the step: GPU busy {b:.3} ms a step; the fastest alone ({}) {a:.3}",
+                        "", t.searched_tile
+                    );
+                }
             }
         }
     }

@@ -3,7 +3,10 @@
 //! product that may split K, the `SPLIT_TILES` fastest tiles in each of `SPLITS` numbers of K ranges (how
 //! many workgroups fill the GPU in whole waves is measured, not known); the fastest goes into
 //! the device's tile table (`Device::set_tile`), which `save_tiles` writes to the
-//! adapter's cache file for later runs. Searches measure; nothing here asserts on timing.
+//! adapter's cache file for later runs; `in_step` then checks the winners inside the step.
+//! Searches measure; nothing here asserts on timing.
+
+pub mod in_step;
 
 use std::path::PathBuf;
 
