@@ -2360,16 +2360,7 @@ fn tile_search_covers_plain_bias_and_gelu_products() {
             }
         }
     }
-    let after = step().unwrap();
-    for (i, (a, b)) in after.iter().zip(&before).enumerate() {
-        let want: Vec<f64> = b.iter().map(|&v| v as f64).collect();
-        assert_close(
-            a,
-            &want,
-            TOL,
-            &format!("gradient {i} on the tuned configurations"),
-        );
-    }
+    same_gradients(&step().unwrap(), &before, "the tuned configurations");
 }
 
 /// A search's winners checked inside the step (`tune::in_step`): each product tries its
@@ -2459,15 +2450,15 @@ fn in_step_check_keeps_the_candidate_the_step_ran_fastest_on() {
             "{what}: the kept one is in the table"
         );
     }
-    let after = step().unwrap();
-    for (i, (a, b)) in after.iter().zip(&before).enumerate() {
+    same_gradients(&step().unwrap(), &before, "the kept configurations");
+}
+
+/// Each gradient of `after` within TOL of `before`'s (a step on other configurations).
+#[track_caller]
+fn same_gradients(after: &[Vec<f32>], before: &[Vec<f32>], on: &str) {
+    for (i, (a, b)) in after.iter().zip(before).enumerate() {
         let want: Vec<f64> = b.iter().map(|&v| v as f64).collect();
-        assert_close(
-            a,
-            &want,
-            TOL,
-            &format!("gradient {i} on the kept configurations"),
-        );
+        assert_close(a, &want, TOL, &format!("gradient {i} on {on}"));
     }
 }
 
