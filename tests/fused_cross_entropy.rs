@@ -267,6 +267,14 @@ fn bad_targets_are_errors() -> Result<()> {
             ..
         })
     ));
+    // Logits are f32 or f16.
+    let int_logits = Tensor::from_u32(d, &[0; 12], &[3, 4])?;
+    match int_logits.cross_entropy(&Tensor::from_u32(d, &[0, 1, 2], &[3])?, None) {
+        Err(Error::InvalidArgument { reason, .. }) => {
+            assert!(reason.contains("f32 or f16"), "{reason}")
+        }
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
     // A slice has no host copy of its own to check the targets against (a reshape of a whole
     // index tensor keeps it).
     let view = Tensor::from_u32(d, &[0, 1, 2, 3, 0], &[5])?.narrow(0, 0, 4)?;

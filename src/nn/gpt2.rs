@@ -318,10 +318,10 @@ impl Gpt2 {
 
     /// The loss of `loss` with the fused kernels: the LM head's logits (B*T, V) in rows padded
     /// to `LOGIT_ROW_ALIGN` and cross-entropy on them. With --amp the logits and their gradient
-    /// are f16 (the LM head's backward products round the gradient to f16 anyway). When the logits are over one
-    /// storage binding, the LM head and cross-entropy run over chunks of `per_chunk` token
-    /// rows, each chunk's mean weighted by its share of the rows (the same mean; the logits
-    /// live in one buffer per chunk).
+    /// are f16 (the LM head's backward products round the gradient to f16 anyway). When the
+    /// logits are over one storage binding, the LM head and cross-entropy run over chunks of
+    /// `per_chunk` token rows, each chunk's mean weighted by its share of the rows (the same
+    /// mean; the logits live in one buffer per chunk).
     fn fused_loss(&self, ids: &Tensor, targets: &Tensor, per_chunk: usize) -> Result<Tensor> {
         let n = ids.numel();
         let hidden = self.forward_hidden(ids)?;

@@ -166,10 +166,9 @@ fn check_args(
     ignore_index: Option<u32>,
 ) -> Result<Checked> {
     if !matches!(logits.dtype(), DType::F32 | DType::F16) {
-        return Err(Error::DTypeMismatch {
+        return Err(Error::InvalidArgument {
             op,
-            expected: DType::F32,
-            got: logits.dtype(),
+            reason: format!("logits are f32 or f16, not {:?}", logits.dtype()),
         });
     }
     targets.expect_dtype(op, DType::U32)?;
@@ -248,9 +247,10 @@ fn check_args(
 }
 
 impl Tensor {
-    /// The mean cross-entropy of these logits (..., V), f32 or f16 (summed in f32), against `targets` (...) or (N) made by
-    /// `Tensor::from_u32`, over the rows whose target is not `ignore_index`; shape []. NaN
-    /// when every row is ignored (as PyTorch). A target >= V is an error.
+    /// The mean cross-entropy of these logits (..., V), f32 or f16 (summed in f32), against
+    /// `targets` (...) or (N) made by `Tensor::from_u32`, over the rows whose target is not
+    /// `ignore_index`; shape []. NaN when every row is ignored (as PyTorch). A target >= V is
+    /// an error.
     pub fn cross_entropy(&self, targets: &Tensor, ignore_index: Option<u32>) -> Result<Tensor> {
         self.cross_entropy_grad_as(targets, ignore_index, DType::F32)
     }
