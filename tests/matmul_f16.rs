@@ -401,6 +401,40 @@ fn f16_operand_layouts_and_offsets() {
     }
 }
 
+/// Tiles inside C read each step of K that lies whole in their range without bounds or masks
+/// (the cooperative-matrix kernel's `fetch_step`); a ragged last step, tiles on C's edge and
+/// split ranges of K keep the bounded loads. Products with all of these, A and B in both
+/// layouts, f16 and autocast f32 operands, against f64 on the rounded operands; and f32
+/// products.
+#[test]
+fn f16_tiles_inside_c_whole_steps_ragged_k_and_splits() {
+    let mut rng = rng("f16 matmul inside c");
+    for s in [
+        (256, 200, 256),
+        (256, 256, 384),
+        (384, 72, 136),
+        (128, 20, 256),
+        (128, 4100, 128),
+    ] {
+        for (ta, tb) in [(false, false), (true, true)] {
+            check_half(dev(), &mut rng, s, ta, tb, DType::F16);
+        }
+        check_half(dev(), &mut rng, s, false, true, DType::F32);
+        // f32 without autocast: on cooperative matrices these are X3 products (the loop that
+        // fetches a step ahead), against f64 on the unrounded operands.
+        let (m, k, n) = s;
+        let a = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
+        let b = Arr::rand(&mut rng, &[k, n], -1.0, 1.0);
+        let c = a.upload(dev()).matmul(&b.upload(dev())).unwrap();
+        check_rel_norm(
+            &c,
+            &a.matmul(&b),
+            ROUNDED_TOL,
+            &format!("f32 matmul {m}x{k}x{n}"),
+        );
+    }
+}
+
 /// Gradients large enough for whole tiles (which the cooperative-matrix kernel starts from the
 /// gradient and stores straight back), accumulated twice; and a product written whole.
 #[test]

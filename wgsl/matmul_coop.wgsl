@@ -146,19 +146,34 @@ struct Unit {
 // branches, or used at once, are not overlapped with it (4096^3 on an H200: 77 TFLOP/s with
 // branches, 137 with selects at the load, 155 with the masking at the store).
 
-// Unit j of this lane's share of the A tile at k0: unit t = lid + j * WG of the tile is row
-// t / A_UNITS (m, or k when the units run along m), unit column t % A_UNITS. Units past M or
-// the K range have nv = 0.
-fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> UnitA {
+// Where unit j of this lane's share of the A tile at k0 starts, (m, k): unit t = lid + j * WG
+// of the tile is row t / A_UNITS (m, or k when the units run along m), unit column t % A_UNITS.
+fn pos_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> vec2<u32> {
     let t = lid + j * WG;
     let row = t / A_UNITS;
     let col = (t % A_UNITS) * 8u;
-    var gm = wid.y * BM + row;
-    var gk = k0 + col;
-    if (!A_UK) {
-        gm = wid.y * BM + col;
-        gk = k0 + row;
+    if (A_UK) {
+        return vec2<u32>(wid.y * BM + row, k0 + col);
     }
+    return vec2<u32>(wid.y * BM + col, k0 + row);
+}
+
+// Where unit j of this lane's share of the B tile at k0 starts, (k, n).
+fn pos_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> vec2<u32> {
+    let t = lid + j * WG;
+    let row = t / B_UNITS;
+    let col = (t % B_UNITS) * 8u;
+    if (B_UN) {
+        return vec2<u32>(k0 + row, wid.x * BN + col);
+    }
+    return vec2<u32>(k0 + col, wid.x * BN + row);
+}
+
+// Unit j of this lane's share of the A tile at k0. Units past M or the K range have nv = 0.
+fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> UnitA {
+    let at = pos_a(wid, lid, k0, j);
+    let gm = at.x;
+    let gk = at.y;
     let ok = gm < p.m && gk < k_hi;
     let i = p.a_off + wid.z * p.a_bs + gm * p.a_ms + gk * p.a_ks;
     let left = select(p.m - gm, k_hi - gk, A_UK);
@@ -175,20 +190,31 @@ fn fetch_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> UnitA {
 }
 
 fn fetch_b(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> UnitB {
-    let t = lid + j * WG;
-    let row = t / B_UNITS;
-    let col = (t % B_UNITS) * 8u;
-    var gk = k0 + row;
-    var gn = wid.x * BN + col;
-    if (!B_UN) {
-        gk = k0 + col;
-        gn = wid.x * BN + row;
-    }
+    let at = pos_b(wid, lid, k0, j);
+    let gk = at.x;
+    let gn = at.y;
     let ok = gk < k_hi && gn < p.n;
     let i = p.b_off + wid.z * p.b_bs + gk * p.b_ks + gn * p.b_ns;
     let left = select(k_hi - gk, p.n - gn, B_UN);
     let nv = select(0u, min(8u, left), ok);
     return unit_b(i, select(p.b_ks, p.b_ns, B_UN), nv);
+}
+
+// A tile inside C (`inside_c`) reads the steps of K that lie whole in its range without
+// bounds or masks, in a loop of its own (the generated `product`): each unit's offset in A and
+// B at k_lo is found once (`base_a`, `base_b`), then moved BK rows of K a step (`fetch_whole`).
+fn inside_c(wid: vec3<u32>) -> bool {
+    return (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
+}
+
+fn base_a(wid: vec3<u32>, lid: u32, j: u32) -> u32 {
+    let at = pos_a(wid, lid, k_lo, j);
+    return p.a_off + wid.z * p.a_bs + at.x * p.a_ms + at.y * p.a_ks;
+}
+
+fn base_b(wid: vec3<u32>, lid: u32, j: u32) -> u32 {
+    let at = pos_b(wid, lid, k_lo, j);
+    return p.b_off + wid.z * p.b_bs + at.x * p.b_ks + at.y * p.b_ns;
 }
 
 // Unit t of a tile goes to halves (t / UNITS) * ROW + (t % UNITS) * 8 (put_a / put_b come
