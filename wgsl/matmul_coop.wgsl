@@ -15,6 +15,8 @@
 // otherwise it is gathered element by element. With A_WIDE (B_WIDE: f16 units on 16 bytes) the
 // operand is bound as mat2x4<f16> (8 halves in 16 bytes) and a unit is one 16-byte load. Units past M, N or K read as zero (a partial
 // unit is masked), so any size works.
+// A tile inside C (`inside_c`) reads the steps of K that lie whole in its range without bounds
+// or masks (the generated `product`'s first loop; 4096³ 172 -> 195 TFLOP/s on an H100).
 //
 // Workgroup mapping. The workgroup tile BM x BN = (SG_M * FM * FS) x (SG_N * FN * FS): SG_M x
 // SG_N subgroups of SGS lanes, each owning FM x FN accumulators of FS x FS (16 on NVIDIA's
