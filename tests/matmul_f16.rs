@@ -402,7 +402,7 @@ fn f16_operand_layouts_and_offsets() {
 }
 
 /// Tiles inside C read each step of K that lies whole in their range without bounds or masks
-/// (the cooperative-matrix kernel's `fetch_step`); a ragged last step, tiles on C's edge and
+/// (the cooperative-matrix kernel's loop over `fetch_whole`); a ragged last step, tiles on C's edge and
 /// split ranges of K keep the bounded loads. Products with all of these, A and B in both
 /// layouts, f16 and autocast f32 operands, against f64 on the rounded operands; and f32
 /// products.

@@ -701,28 +701,24 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
     for j in 0..ub {
         let _ = writeln!(w, "var<private> ob{j}: u32;");
     }
-    // Units made up instead of loaded (`noglobal`), the same in both fetches.
-    let made_up = |w: &mut String, x: &str, up: &str, j: u32| {
-        let _ = writeln!(
-            w,
-            "    u{x}{j} = Unit{up}();\n    u{x}{j}.nv = (k0 + lid + {j}u) & 7u;"
-        );
+    // A step's units, `load(x, j)` the expression that loads unit j of operand x (`noglobal`:
+    // units made up instead).
+    let fetch = |w: &mut String, load: &dyn Fn(&str, u32) -> String| {
+        for (x, up, n) in [("a", "A", ua), ("b", "B", ub)] {
+            for j in 0..n {
+                if off("noglobal") {
+                    let _ = writeln!(
+                        w,
+                        "    u{x}{j} = Unit{up}();\n    u{x}{j}.nv = (k0 + lid + {j}u) & 7u;"
+                    );
+                } else {
+                    let _ = writeln!(w, "    u{x}{j} = {};", load(x, j));
+                }
+            }
+        }
     };
     let _ = writeln!(w, "\nfn fetch_units(wid: vec3<u32>, lid: u32, k0: u32) {{");
-    for j in 0..ua {
-        if off("noglobal") {
-            made_up(w, "a", "A", j);
-        } else {
-            let _ = writeln!(w, "    ua{j} = fetch_a(wid, lid, k0, {j}u);");
-        }
-    }
-    for j in 0..ub {
-        if off("noglobal") {
-            made_up(w, "b", "B", j);
-        } else {
-            let _ = writeln!(w, "    ub{j} = fetch_b(wid, lid, k0, {j}u);");
-        }
-    }
+    fetch(w, &|x, j| format!("fetch_{x}(wid, lid, k0, {j}u)"));
     // A whole tile's units: their offsets at k_lo found once, then moved along K.
     let _ = writeln!(w, "}}\n\nfn whole_bases(wid: vec3<u32>, lid: u32) {{");
     for j in 0..ua {
@@ -739,20 +735,7 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
          \x20   let sa = select(p.a_ms, p.a_ks, A_UK);\n\
          \x20   let sb = select(p.b_ks, p.b_ns, B_UN);"
     );
-    for j in 0..ua {
-        if off("noglobal") {
-            made_up(w, "a", "A", j);
-        } else {
-            let _ = writeln!(w, "    ua{j} = unit_a(oa{j} + da, sa, 8u);");
-        }
-    }
-    for j in 0..ub {
-        if off("noglobal") {
-            made_up(w, "b", "B", j);
-        } else {
-            let _ = writeln!(w, "    ub{j} = unit_b(ob{j} + db, sb, 8u);");
-        }
-    }
+    fetch(w, &|x, j| format!("unit_{x}(o{x}{j} + d{x}, s{x}, 8u)"));
     let _ = writeln!(w, "}}\n\nfn store_units(lid: u32, stage: u32) {{");
     for j in 0..if off("nostore") { 0 } else { ua } {
         let _ = writeln!(w, "    store_a(lid, {j}u, ua{j}, stage);");
@@ -939,12 +922,11 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
 
 /// The main loop of `product` over K from `from` to `to` (the names of two WGSL values) for
 /// tile `t`, fetching units with `fetch_units(wid, lid, k0)` (`product` also uses it with
-/// `fetch_whole`): with one stage each step's units
-/// loaded and stored before it multiplies (`in_turn`), or the next step's fetched while this
-/// one multiplies; with two stages the next step's units stored into the other stage while
-/// this one multiplies (which the previous step's multiply finished reading before its
-/// barrier). The loops that fetch ahead fetch nothing over an empty range (a whole loop must
-/// not read a step past its range).
+/// `fetch_whole`): with one stage, each step's units loaded and stored before it multiplies
+/// (`in_turn`), or the next step's fetched while this one multiplies; with two stages, the
+/// next step's units stored into the other stage while this one multiplies (which the
+/// previous step's multiply finished reading before its barrier). The loops that fetch ahead
+/// fetch nothing over an empty range (a whole loop must not read a step past its range).
 fn k_loop(t: CoopTile, in_turn: bool, from: &str, to: &str) -> String {
     let text = if t.stages == 1 && in_turn {
         "for (var k0 = k_lo; k0 < k_hi; k0 += BK) {
