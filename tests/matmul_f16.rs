@@ -435,6 +435,58 @@ fn f16_tiles_inside_c_whole_steps_ragged_k_and_splits() {
     }
 }
 
+/// Products with tiles inside C, a ragged last step of K and tiles on both of C's edges on every
+/// cooperative-matrix tile a search may choose (one and two stages, BK 32 and 64), whole and in
+/// 2 ranges of K, set in the device's tile table; without cooperative matrices, the heuristic's
+/// tile alone (the tiled kernel's tiles are checked in ops.rs).
+#[test]
+fn f16_whole_steps_on_every_cooperative_tile() {
+    use wgrad::kernels::matmul_coop::{Coop, SEARCH_TILES};
+    use wgrad::kernels::tuning::TileChoice;
+    let d = dev();
+    let mut rng = rng("f16 matmul every coop tile");
+    let limit = d.gpu().limits.max_compute_workgroup_storage_size;
+    let tiles: Vec<TileChoice> = match Coop::available(d.gpu()) {
+        Some(coop) => SEARCH_TILES
+            .iter()
+            .filter(|t| t.valid(coop, limit, false))
+            .map(|t| TileChoice::Coop(*t))
+            .collect(),
+        None => Vec::new(),
+    };
+    for (m, k, n) in [(264, 232, 272), (520, 72, 136)] {
+        let a = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
+        let b = Arr::rand(&mut rng, &[k, n], -1.0, 1.0);
+        let (x, y) = (upload_as(d, &a, DType::F16), upload_as(d, &b, DType::F16));
+        let want = round_f16(&a).matmul(&round_f16(&b));
+        d.log_products(true);
+        let c = autocast(true, || x.matmul(&y)).unwrap();
+        let keys = d.take_product_log();
+        d.log_products(false);
+        check(
+            &c,
+            &want,
+            ROUNDED_TOL,
+            &format!("{m}x{k}x{n}, the heuristic's tile"),
+        );
+        for &t in &tiles {
+            for split in [None, Some(2)] {
+                for key in &keys {
+                    d.set_tile(*key, t, split, 1.0);
+                }
+                poison(d, m * n);
+                let c = autocast(true, || x.matmul(&y)).unwrap();
+                check(
+                    &c,
+                    &want,
+                    ROUNDED_TOL,
+                    &format!("{m}x{k}x{n}, tile {t:?} split {split:?}"),
+                );
+            }
+        }
+    }
+}
+
 /// Gradients large enough for whole tiles (which the cooperative-matrix kernel starts from the
 /// gradient and stores straight back), accumulated twice; and a product written whole.
 #[test]

@@ -125,7 +125,8 @@ fn k_range(wid: vec3<u32>) {
     k_hi = p.k;
     if (p.k_split > 0u) {
         k_lo = wid.z * p.k_split;
-        k_hi = min(p.k, k_lo + p.k_split);
+        // A range starting past K is empty (the launcher dispatches none such).
+        k_hi = max(k_lo, min(p.k, k_lo + p.k_split));
     }
 }
 
