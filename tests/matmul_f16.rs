@@ -441,19 +441,9 @@ fn f16_tiles_inside_c_whole_steps_ragged_k_and_splits() {
 /// tile alone (the tiled kernel's tiles are checked in ops.rs).
 #[test]
 fn f16_whole_steps_on_every_cooperative_tile() {
-    use wgrad::kernels::matmul_coop::{Coop, SEARCH_TILES};
-    use wgrad::kernels::tuning::TileChoice;
     let d = dev();
     let mut rng = rng("f16 matmul every coop tile");
-    let limit = d.gpu().limits.max_compute_workgroup_storage_size;
-    let tiles: Vec<TileChoice> = match Coop::available(d.gpu()) {
-        Some(coop) => SEARCH_TILES
-            .iter()
-            .filter(|t| t.valid(coop, limit, false))
-            .map(|t| TileChoice::Coop(*t))
-            .collect(),
-        None => Vec::new(),
-    };
+    let tiles = coop_search_tiles(d, false);
     for (m, k, n) in [(264, 232, 272), (520, 72, 136)] {
         let a = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
         let b = Arr::rand(&mut rng, &[k, n], -1.0, 1.0);

@@ -2594,8 +2594,6 @@ const X3_TOL: f64 = 1e-4;
 /// tiled kernel's.
 #[test]
 fn every_x3_tile_gives_a_linears_products_to_f32_precision() {
-    use wgrad::kernels::matmul_coop::SEARCH_TILES;
-    use wgrad::kernels::tuning::TileChoice;
     let tiled = tiled_dev();
     let (want, _) = LinearProducts::new(&tiled).logged_step(&tiled);
     let d = private_dev();
@@ -2606,15 +2604,7 @@ fn every_x3_tile_gives_a_linears_products_to_f32_precision() {
         assert_close(g, &w, X3_TOL, &format!("heuristic tiles: output {i}"));
     }
     // The tiles an X3 product can run here (none without cooperative matrices).
-    let limit = d.gpu().limits.max_compute_workgroup_storage_size;
-    let tiles: Vec<_> = match wgrad::kernels::matmul_coop::Coop::available(d.gpu()) {
-        Some(coop) => SEARCH_TILES
-            .iter()
-            .filter(|t| t.valid(coop, limit, true))
-            .map(|t| TileChoice::Coop(*t))
-            .collect(),
-        None => Vec::new(),
-    };
+    let tiles = coop_search_tiles(&d, true);
     lin.check_tiles(&d, &keys, &tiles, &want, X3_TOL);
 }
 

@@ -560,3 +560,18 @@ pub fn workgroup_bytes_in_wgsl(kernel: &KernelDesc, spec: &Spec) -> (u32, u32) {
     }
     (declared, used)
 }
+
+/// The cooperative-matrix tiles a search may choose on `d` (`x3`: for X3 products, f32 operands
+/// as high and low f16 parts), as tile choices; none without cooperative matrices.
+pub fn coop_search_tiles(d: &Device, x3: bool) -> Vec<wgrad::kernels::tuning::TileChoice> {
+    use wgrad::kernels::matmul_coop::{Coop, SEARCH_TILES};
+    let limit = d.gpu().limits.max_compute_workgroup_storage_size;
+    match Coop::available(d.gpu()) {
+        Some(coop) => SEARCH_TILES
+            .iter()
+            .filter(|t| t.valid(coop, limit, x3))
+            .map(|t| wgrad::kernels::tuning::TileChoice::Coop(*t))
+            .collect(),
+        None => Vec::new(),
+    }
+}
