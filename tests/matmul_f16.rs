@@ -402,10 +402,10 @@ fn f16_operand_layouts_and_offsets() {
 }
 
 /// Tiles inside C read each step of K that lies whole in their range without bounds or masks
-/// (the cooperative-matrix kernel's loop over `fetch_whole`); a ragged last step, tiles on C's edge and
-/// split ranges of K keep the bounded loads. Products with all of these, A and B in both
-/// layouts, f16 and autocast f32 operands, against f64 on the rounded operands; and f32
-/// products.
+/// (the cooperative-matrix kernel's loop over `fetch_whole`); a ragged last step, tiles on C's
+/// edge and split ranges of K keep the bounded loads. Products with all of these on the
+/// heuristic's tiles (every searched tile: the next test), A and B in both layouts, f16 and
+/// autocast f32 operands, against f64 on the rounded operands; and f32 products.
 #[test]
 fn f16_tiles_inside_c_whole_steps_ragged_k_and_splits() {
     let mut rng = rng("f16 matmul inside c");
