@@ -18,8 +18,9 @@ fn split_is_last() -> bool {
 // element (r, c) of the tile at r * BN + c, then `split_finish` (the tile's last range sums
 // the partials and stores C through SPLIT_EPI).
 @compute @workgroup_size(WG)
-fn matmul_coop_split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+fn matmul_coop_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                      @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let wid = tile_of(wg);
     scales_init(lane);
     zero_acc();
     product(wid, lid, sg);

@@ -469,6 +469,8 @@ pub fn spec_ones(
         .bool("A_ONES", ones)
         .bool("B_ONES", false)
         .u32("SPLIT_EPI", 0)
+        .bool("SPREAD", spread())
+        .u32("GROUP_M", group_m())
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
         .source("UNROLLED", generated(t, coop, c_direct && !x3, x3))
 }
@@ -646,6 +648,25 @@ fn half_{x}(u: Unit{up}) -> Unit {{
 }}
 "
     )
+}
+
+/// Whether tiles of 4 or 2 units a row take their rows out of order so that the lanes storing
+/// together reach different bank groups (SPREAD in the WGSL, `unit_rc`; 4096³ f16 on an H100
+/// 194.2 -> 198.6 TFLOP/s, medians of 9 and 15 runs). `WGRAD_COOP_SPREAD=0` stores them in
+/// order (to measure).
+fn spread() -> bool {
+    std::env::var("WGRAD_COOP_SPREAD").map_or(true, |v| v != "0")
+}
+
+/// Rows of tiles a group of the grid takes (GROUP_M in the WGSL, `tile_of`): 8 (4096³ f16 on an
+/// H100 198.6 -> 200.5 TFLOP/s, medians of 15 and 12 runs). `WGRAD_COOP_GROUP=N` sets it
+/// (1: the grid's own order), to measure.
+fn group_m() -> u32 {
+    std::env::var("WGRAD_COOP_GROUP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+        .max(1)
 }
 
 /// Whether a one-stage tile's loop fetches the next step's units while this step multiplies
@@ -1017,12 +1038,12 @@ fn scales_init(lane: u32) {{
 
 fn store_a_low(lid: u32, j: u32, u: UnitA, stage: u32) {{
     let t = lid + j * WG;
-    put_a((STAGES + stage) * A_TILE + (t / A_UNITS) * AS + (t % A_UNITS) * 8u, low_a(u));
+    put_a(at_a(t, STAGES + stage), low_a(u));
 }}
 
 fn store_b_low(lid: u32, j: u32, u: UnitB, stage: u32) {{
     let t = lid + j * WG;
-    put_b((STAGES + stage) * B_TILE + (t / B_UNITS) * BS + (t % B_UNITS) * 8u, low_b(u));
+    put_b(at_b(t, STAGES + stage), low_b(u));
 }}
 ",
         parts = super::absmax::PARTS
