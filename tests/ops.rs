@@ -732,13 +732,14 @@ fn reduce_a_long_axis_and_a_broadcast_axis() {
 }
 
 /// Tall matrices reduced over their rows run with lanes along the columns (`reduce_cols`), in
-/// one workgroup row (64 to 256 rows) or in chunks (of about sqrt(rows) rows, at least 64:
+/// one workgroup row (up to 256 rows) or in chunks (of about sqrt(rows) rows, at least 64:
 /// 64 for 300 and 1000 rows, 68 for 4500) and a second pass over the chunks' partials; also
-/// through a view whose rows are longer than its columns.
+/// through a view whose rows are longer than its columns. 13 and 67 rows leave the 4 row phases
+/// of a workgroup unequal shares.
 #[test]
 fn reduce_over_the_rows_of_tall_matrices() {
     let d = dev();
-    for shape in [[64, 33], [300, 130], [1000, 77], [4500, 20]] {
+    for shape in [[13, 70], [64, 33], [67, 40], [300, 130], [1000, 77], [4500, 20]] {
         let a = Arr::rand(
             &mut rng(&format!("reduce rows {shape:?}")),
             &shape,
