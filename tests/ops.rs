@@ -739,7 +739,14 @@ fn reduce_a_long_axis_and_a_broadcast_axis() {
 #[test]
 fn reduce_over_the_rows_of_tall_matrices() {
     let d = dev();
-    for shape in [[13, 70], [64, 33], [67, 40], [300, 130], [1000, 77], [4500, 20]] {
+    for shape in [
+        [13, 70],
+        [64, 33],
+        [67, 40],
+        [300, 130],
+        [1000, 77],
+        [4500, 20],
+    ] {
         let a = Arr::rand(
             &mut rng(&format!("reduce rows {shape:?}")),
             &shape,
