@@ -731,7 +731,7 @@ fn reduce_a_long_axis_and_a_broadcast_axis() {
     check_axis_reductions(d, "broadcast [4, 300]", &x, &b.broadcast_to(&[4, 300]));
 }
 
-/// Tall matrices reduced over their rows run with lanes along the columns (`reduce_cols`), in
+/// Matrices reduced over their rows run with lanes along the columns (`reduce_cols`), in
 /// one workgroup row (up to 256 rows) or in chunks (of about sqrt(rows) rows, at least 64:
 /// 64 for 300 and 1000 rows, 68 for 4500) and a second pass over the chunks' partials; also
 /// through a view whose rows are longer than its columns. 13 and 67 rows leave the 4 row phases

@@ -29,7 +29,7 @@
 // the unit dim (A as [m][k] or [k][m], B as [k][n] or [n][k]) in SHT elements of SHW halves
 // each (the tile snippet: vec4<f16> where cooperative loads take vectors, else f16), rows
 // padded by 8 halves so the rows a fragment load touches fall in different banks (and with
-// SPREAD the units of tiles with rows of 4 or 2 units go to rows out of order so the stores' do
+// SPREAD the units of tiles with rows of 4 or 2 units go to rows out of order so the stores do
 // too: `unit_rc`); fragments are loaded row-major (coopLoadT) or column-major (coopLoad) to match.
 // The epilogue goes through an FS x FS f32 scratch tile per subgroup: the subgroup stores one
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
@@ -155,7 +155,7 @@ struct Unit {
 // of the grid (N tiles, M tiles, z) computes: g itself with GROUP_M 1, else the grid taken
 // GROUP_M rows of tiles at a time, down each column of such a group before the next column,
 // so that the workgroups that run at one time read fewer rows of A and columns of B (more of
-// them found in L2). GROUP_M 8: 4096³ on an H100 198.6 -> 200.5 TFLOP/s.
+// them found in L2). GROUP_M 8: 4096³ on an H100 198.6 -> 200.5 TFLOP/s (2026-11-26).
 fn tile_of(g: vec3<u32>) -> vec3<u32> {
     if (GROUP_M <= 1u) {
         return g;
@@ -175,8 +175,9 @@ fn tile_of(g: vec3<u32>) -> vec3<u32> {
 // that store a vector of 16 bytes together reach 8 different 16-byte bank groups. A row of 4
 // units padded by one spans 5 of the 8 groups, so rows r and r + 1 share one and rows r and
 // r + 4 none: 8 consecutive units lie in rows r and r + 4. A row of 2 units padded by one spans
-// 3, so rows r, r + 2, r + 4 and r + 6 cover the 8 groups once. (4096³ on an H100: 194.2 ->
-// 198.6 TFLOP/s; wider rows already reach 8 groups.)
+// 3, so rows r, r + 2, r + 4 and r + 6 cover the 8 groups once. (4096³ on an H100, 2026-11-26:
+// 194.2 -> 198.6 TFLOP/s.) Rows of 8 or 16 units reach 8 groups in order; rows of 12 (the
+// 96-wide tiles' B read along N) reach 7 in every third group of 8 lanes (not measured).
 fn unit_rc(t: u32, units: u32) -> vec2<u32> {
     if (SPREAD && units == 4u) {
         let i = t % 32u;
@@ -190,7 +191,8 @@ fn unit_rc(t: u32, units: u32) -> vec2<u32> {
 }
 
 // Where unit j of this lane's share of the A tile at k0 starts, (m, k): unit t = lid + j * WG
-// of the tile is in tile row `unit_rc(t).x` (m, or k when the units run along m).
+// of the tile is in tile row `unit_rc(t, A_UNITS).x` (m, or k when the units run along m), unit
+// column `.y`.
 fn pos_a(wid: vec3<u32>, lid: u32, k0: u32, j: u32) -> vec2<u32> {
     let rc = unit_rc(lid + j * WG, A_UNITS);
     let row = rc.x;
@@ -260,8 +262,8 @@ fn base_b(wid: vec3<u32>, lid: u32, j: u32) -> u32 {
     return p.b_off + wid.z * p.b_bs + at.x * p.b_ks + at.y * p.b_ns;
 }
 
-// Unit t of a tile in stage `stage` goes to halves row * ROW + column * 8 of that stage (row and
-// column from `unit_rc`; put_a / put_b come with the tile snippet).
+// Unit t of a tile in stage `stage` goes to halves row * AS (BS) + column * 8 of that stage (row
+// and column from `unit_rc`; put_a / put_b come with the tile snippet).
 fn at_a(t: u32, stage: u32) -> u32 {
     let rc = unit_rc(t, A_UNITS);
     return stage * A_TILE + rc.x * AS + rc.y * 8u;

@@ -312,7 +312,8 @@ pub const COOP_TILES: [CoopTile; 3] = [
 /// deeper ones, other splits of the same outputs over subgroups, tiles 96 wide (3 fragments a
 /// subgroup: N = 768 in 8 columns of tiles, so a 4096-row product on 128x96 tiles is 256
 /// workgroups, one wave of two a core on an H100, where 128x128 gives 192; the DistilGPT-2
-/// 8 x 512 --amp step 19.03-19.11 -> 18.48-18.70 ms with its 4096 x 768 products on them), and
+/// 8 x 512 --amp step 19.03-19.11 -> 18.48-18.70 ms with its 4096 x 768 products on them, H100,
+/// 2026-11-26), and
 /// two-stage tiles (those that fit the adapter's workgroup memory).
 pub const SEARCH_TILES: [CoopTile; 22] = [
     tile(2, 2, 4, 4, 32, 1),
@@ -474,7 +475,7 @@ pub fn spec_ones(
         .bool("A_ONES", ones)
         .bool("B_ONES", false)
         .u32("SPLIT_EPI", 0)
-        .bool("SPREAD", spread())
+        .bool("SPREAD", spread(coop))
         .u32("GROUP_M", group_m())
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
         .source("UNROLLED", generated(t, coop, c_direct && !x3, x3))
@@ -656,22 +657,27 @@ fn half_{x}(u: Unit{up}) -> Unit {{
 }
 
 /// Whether tiles of 4 or 2 units a row take their rows out of order so that the lanes storing
-/// together reach different bank groups (SPREAD in the WGSL, `unit_rc`; 4096³ f16 on an H100
-/// 194.2 -> 198.6 TFLOP/s, medians of 9 and 15 runs). `WGRAD_COOP_SPREAD=0` stores them in
-/// order (to measure).
-fn spread() -> bool {
-    std::env::var("WGRAD_COOP_SPREAD").map_or(true, |v| v != "0")
+/// together reach different bank groups (SPREAD in the WGSL, `unit_rc`; 4096³ f16 on an H100,
+/// 2026-11-26: 194.2 -> 198.6 TFLOP/s, medians of 9 and 15 runs). Only for tiles of vectors
+/// (`Coop::words`, 16-byte stores; the scalar f16 tiles were not measured).
+/// `WGRAD_COOP_SPREAD=0` stores them in order (to measure).
+fn spread(coop: Coop) -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    coop.words && *ON.get_or_init(|| std::env::var("WGRAD_COOP_SPREAD").map_or(true, |v| v != "0"))
 }
 
 /// Rows of tiles a group of the grid takes (GROUP_M in the WGSL, `tile_of`): 8 (4096³ f16 on an
-/// H100 198.6 -> 200.5 TFLOP/s, medians of 15 and 12 runs). `WGRAD_COOP_GROUP=N` sets it
-/// (1: the grid's own order), to measure.
+/// H100, 2026-11-26: 198.6 -> 200.5 TFLOP/s, medians of 15 and 12 runs). `WGRAD_COOP_GROUP=N`
+/// sets it, 1 to 64 (1: the grid's own order), to measure.
 fn group_m() -> u32 {
-    std::env::var("WGRAD_COOP_GROUP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(8)
-        .max(1)
+    static GROUP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *GROUP.get_or_init(|| {
+        std::env::var("WGRAD_COOP_GROUP")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(8)
+            .clamp(1, 64)
+    })
 }
 
 /// Whether a one-stage tile's loop fetches the next step's units while this step multiplies
