@@ -667,7 +667,7 @@ fn spread(coop: Coop) -> bool {
 }
 
 /// Rows of tiles a group of the grid takes (GROUP_M in the WGSL, `tile_of`): 8 (4096³ f16 on an
-/// H100, 2026-11-26: 198.6 -> 200.5 TFLOP/s, medians of 15 and 17 runs). `WGRAD_COOP_GROUP=N`
+/// H100, 2026-11-26: 198.6 -> 200.5 TFLOP/s, medians of 15 and 20 runs). `WGRAD_COOP_GROUP=N`
 /// sets it, 1 to 64 (1: the grid's own order), to measure.
 fn group_m() -> u32 {
     static GROUP: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
