@@ -11,7 +11,8 @@
 //! operands read as 16-byte units along their unit-stride dim, accumulators stored straight to
 //! C: the 4096^3 case of `wgrad bench matmul --dtype f16`), `coop:TILE:ENTRY` (that kernel's
 //! entry point ENTRY, e.g. `matmul_coop_bias_gelu`, its epilogue through the scratch tile; the
-//! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too) or
+//! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too;
+//! `:vec` after any entry: the scratch epilogue storing 4 columns a lane, C bound as vectors) or
 //! `tiled:TILE` (the f32 tiled kernel; `tiled:TILE:ENTRY` its entry point ENTRY, e.g.
 //! `matmul_bias_res`; `tiled:TILE:ENTRY:v4` with both operands read in vectors of 4, as a
 //! step's aligned products are on a vector tile). The SPIR-V is written by naga with the
@@ -79,7 +80,12 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
                 vec: true,
                 wide: true,
             };
-            let spec = matmul_coop::spec(t, false, Types::F16, coop, (wide, wide), direct);
+            let c = match flag {
+                Some("vec") => matmul_coop::CStore::Vec4,
+                _ if direct => matmul_coop::CStore::Direct,
+                _ => matmul_coop::CStore::Elems,
+            };
+            let spec = matmul_coop::spec(t, false, Types::F16, coop, (wide, wide), c);
             Some((arg.to_string(), &matmul_coop::FAMILY, entry, spec))
         }
         "tiled" => {

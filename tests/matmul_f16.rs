@@ -505,3 +505,50 @@ fn f16_products_over_whole_tiles_write_and_accumulate() {
         "x W over whole tiles",
     );
 }
+
+/// Products into rows padded to 64 elements (as the LM head's logits are), N not a multiple of
+/// 4, and bias products into f16 with N a multiple of 4: where C's rows start on vectors of 4,
+/// the cooperative-matrix kernel binds C as vectors and its epilogue stores 4 columns a lane at
+/// once, the row's last, partial vector element by element. f16 and f32 outputs against f64.
+#[test]
+fn products_stored_in_vectors_of_four_and_their_ragged_ends() {
+    let d = dev();
+    let mut rng = rng("f16 matmul vector stores");
+    let to_f16 = |a: &Arr| a.map(|v| half::f16::from_f64(v).to_f64());
+    for (m, k, n) in [(150, 96, 130), (64, 40, 61), (33, 24, 7)] {
+        let x = Arr::rand(&mut rng, &[m, k], -1.0, 1.0);
+        let w = Arr::rand(&mut rng, &[k, n], -1.0, 1.0);
+        let want = round_f16(&x).matmul(&round_f16(&w));
+        let (xt, wt) = (upload_as(d, &x, DType::F16), upload_as(d, &w, DType::F16));
+        for dtype in [DType::F16, DType::F32] {
+            let y = autocast(true, || xt.linear_padded_as(&wt, 64, dtype)).unwrap();
+            assert_eq!(y.strides(), &[n.next_multiple_of(64), 1]);
+            let what = format!("{m}x{k}x{n} into rows of {} {dtype:?}", y.strides()[0]);
+            match dtype {
+                // f16 rows padded are read back through a product with the identity (a copy
+                // takes only f32 views), exact: one term of each sum is not zero.
+                DType::F16 => {
+                    let eye = Arr::build(&[n, n], |i| (i[0] == i[1]) as u8 as f64);
+                    let y = autocast(true, || y.matmul(&upload_as(d, &eye, DType::F16))).unwrap();
+                    check(&y, &to_f16(&want), 2e-3, &what)
+                }
+                _ => check(&y, &want, ROUNDED_TOL, &what),
+            }
+        }
+    }
+    for (m, k, n) in [(150, 96, 160), (256, 64, 192), (40, 32, 12)] {
+        let (x, w, bias, z) = bias_product(&mut rng, m, k, n);
+        let (xt, wt, bt) = (x.upload(d), upload_as(d, &w, DType::F16), bias.upload(d));
+        let y = autocast(true, || {
+            xt.linear_as(&wt, Some(&bt), Activation::None, DType::F16)
+        })
+        .unwrap();
+        assert_eq!(y.dtype(), DType::F16);
+        check(
+            &y,
+            &to_f16(&z),
+            2e-3,
+            &format!("bias product {m}x{k}x{n} into f16"),
+        );
+    }
+}

@@ -227,7 +227,9 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
             + 3 * 3
             + 1
             + 2
-            + 4 * (2 * 4 * 4 + 4)),
+            + 4 * (2 * 4 * 4 + 4))
+            + 4 * (2 * 4 * (6 + 4 * 4) + 2 * (6 + 3 * 4))
+            + 4 * (2 * 4 * (4 + 1) + 2 * 4),
         "variants: 2 fragment sizes x (matmul: 4 tiles x (acc x 3 epilogues (plain, bias, bias + \
          GELU), and bias + residual not accumulating into an f32 C: the accesses of the 4 type \
          sets with an f32 C) x the operand \
@@ -240,7 +242,12 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
          attention: 3 head dims x 3 (the forward, the backward adding into its outputs or not), and \
          its D; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
          paired accesses of f32 operands x (3 epilogues and column sums), and the residual not \
-         accumulating))"
+         accumulating)); and on 16 x 16 fragments, C stored in vectors through the scratch tile: \
+         4 tiles x (acc x (3 epilogues, and GELU with `pre` in vectors) x the paired accesses of \
+         the 5 type sets, and the residual not accumulating, `pre` in vectors or not, x those of \
+         the 4 with an f32 C), and the X3 variants: 4 tiles x (acc x the 4 paired accesses x (3 \
+         epilogues, column sums and GELU with `pre` in vectors), and the residual not \
+         accumulating, `pre` in vectors or not)"
     );
 }
 

@@ -62,6 +62,16 @@ struct Params {
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
 @group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
 
+// Element i of `pre` (the split tail, matmul_split_tail.wgsl, reads and writes `pre` through
+// these; the cooperative-matrix kernel may bind it as vectors).
+fn pre_get(i: u32) -> f32 {
+    return pre[i];
+}
+
+fn pre_put(i: u32, v: f32) {
+    pre[i] = v;
+}
+
 const ROW_LANES: u32 = BM / TM;
 const COL_LANES: u32 = BN / TN;
 const WG: u32 = ROW_LANES * COL_LANES;

@@ -33,7 +33,9 @@
 // too: `unit_rc`); fragments are loaded row-major (coopLoadT) or column-major (coopLoad) to match.
 // The epilogue goes through an FS x FS f32 scratch tile per subgroup: the subgroup stores one
 // accumulator there, then its lanes add the bias, apply GELU or accumulate, and write C (f32 or
-// f16) through its strides with bounds checks.
+// f16) through its strides with bounds checks: an element a lane, or with C_VEC (C's columns
+// unit-stride, its rows on vectors of 4: the launcher checks) 4 consecutive columns a lane,
+// stored as one vector.
 // X3 (f32 operands on the tensor cores): each f32 element x, scaled by its operand's power of
 // two s (the largest finite |x| of the operand to just under 2^14: `scales_init`, from the
 // partial maxima the absmax kernel wrote to the `scales` binding at p.scale_off), is stored as
@@ -48,8 +50,9 @@
 // A_ONES: A's last row is not read but taken as ones (the launcher checks M - 1 is a multiple
 // of 8), so C's last row is the column sums of B; matmul_coop_sums stores it to `pre` at
 // bias_off (a linear's bias gradient beside dW = x^T dz; split, the partials keep it).
-// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES, SPLIT_EPI, SPREAD, GROUP_M; types
-// MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C); snippets TILE and UNROLLED.
+// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES, SPLIT_EPI, SPREAD, GROUP_M, EPI_FRAGS, C_VEC; types
+// MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C's elements), CB (its binding's), PB
+// (`pre`'s binding's); snippets TILE, C, PRE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
 // backend needs named expressions there).
@@ -80,11 +83,12 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> c: array<TC>;
+@group(0) @binding(1) var<storage, read_write> c: array<CB>;     // C's elements (CB = TC), or 4 a vector (C_VEC)
 @group(0) @binding(2) var<storage, read> a: array<AV>;         // A's elements, 4 a vector
 @group(0) @binding(3) var<storage, read> b: array<AV_B>;       // B's elements, 4 a vector
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_coop_bias*
-@group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_coop_bias_gelu
+@group(0) @binding(5) var<storage, read_write> pre: array<PB>;  // (batch, M, N) f32, matmul_coop_bias_gelu;
+                                                                // as f32 (PB) or vectors of 4: `pre_get` etc.
 
 const WG: u32 = SG_M * SG_N * SGS;
 const BM: u32 = SG_M * FM * FS;
@@ -325,14 +329,8 @@ fn frag_col(wid: vec3<u32>, sg: u32, f: u32, e: u32) -> u32 {
     return wid.x * BN + ((sg % SG_N) * FN + f % FN) * FS + e % FS;
 }
 
-fn store_c(o: u32, v: f32) {
-    if (ACC) {
-        c[o] = TC(f32(c[o]) + v);
-    } else {
-        c[o] = TC(v);
-    }
-}
-
+// `store_c(o, v)` (element o of C) and `store_c4(o, v)` (elements o .. o + 3) come with the
+// C snippet: C bound as its elements, or with C_VEC as vectors of 4.
 
 
 // Element (0, 0) in C of accumulator f of subgroup sg.
@@ -383,6 +381,74 @@ fn epi_sh(l: EpiLane, sg: u32, lane: u32, q: u32) -> f32 {
     return c * unscale.x * unscale.y;
 }
 
+// The vector epilogue (C_VEC): lane l takes 4 consecutive columns of a spilled fragment,
+// columns 4 (l % EPI4_LANES) .. + 3 of its rows l / EPI4_LANES + q EPI4_ROWS, reads them from
+// the scratch tile together and stores them to C as one vector: a quarter of the element-wise
+// epilogue's stores (each a whole 32-byte sector of an f16 row) and address arithmetic.
+const EPI4_LANES: u32 = FS / 4u; // lanes a fragment row takes
+const EPI4_ROWS: u32 = SGS / EPI4_LANES; // rows one pass of the subgroup covers
+const EPI4_STEPS: u32 = FE / (4u * SGS); // passes over a fragment
+const_assert !C_VEC || (FS % 4u == 0u && FE % (4u * SGS) == 0u);
+
+fn epi4_lane(wid: vec3<u32>, sg: u32, f: u32, lane: u32) -> EpiLane {
+    let e = lane / EPI4_LANES * FS + lane % EPI4_LANES * 4u;
+    let gm = frag_row(wid, sg, f, e);
+    let gn = frag_col(wid, sg, f, e);
+    return EpiLane(gm, gn, p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn);
+}
+
+fn epi4_row(l: EpiLane, q: u32) -> u32 {
+    return l.gm + q * EPI4_ROWS;
+}
+
+fn epi4_c(l: EpiLane, q: u32) -> u32 {
+    return l.o + q * EPI4_ROWS * p.c_ms;
+}
+
+// The lane's q-th 4 elements of subgroup sg's spilled fragment, scaled as `epi_sh` does.
+fn epi4_sh(l: EpiLane, sg: u32, lane: u32, q: u32) -> vec4<f32> {
+    let i = sg * FE + (lane / EPI4_LANES + q * EPI4_ROWS) * FS + lane % EPI4_LANES * 4u;
+    let v = vec4<f32>(c_sh[i], c_sh[i + 1u], c_sh[i + 2u], c_sh[i + 3u]);
+    if (A_ONES && epi4_row(l, q) == p.m - 1u) {
+        return v * inv_b;
+    }
+    return v * unscale.x * unscale.y;
+}
+
+// C's elements from offset o, columns gn .. gn + 3, are v (with ACC: v added): one vector
+// store where all four lie inside C, else those that do, one by one.
+fn store_c4_in(o: u32, gn: u32, v: vec4<f32>) {
+    if (gn + 3u < p.n) {
+        store_c4(o, v);
+    } else {
+        for (var i = 0u; i < 4u; i++) {
+            if (gn + i < p.n) {
+                store_c(o + i, v[i]);
+            }
+        }
+    }
+}
+
+// Columns gn .. gn + 3 of row `row` of a contiguous (M, N) f32 array in `pre` from `off`: one
+// vector where all four lie inside C, else one by one, columns clamped into C.
+fn pre4(off: u32, row: u32, gn: u32) -> vec4<f32> {
+    let r = off + row * p.n;
+    if (gn + 3u < p.n) {
+        return pre_get4(r + gn);
+    }
+    let last = p.n - 1u;
+    return vec4<f32>(pre_get(r + min(gn, last)), pre_get(r + min(gn + 1u, last)),
+                     pre_get(r + min(gn + 2u, last)), pre_get(r + min(gn + 3u, last)));
+}
+
+// The bias of columns gn .. gn + 3 (clamped into C).
+fn bias4(gn: u32) -> vec4<f32> {
+    let last = p.bias_off + p.n - 1u;
+    let i = p.bias_off + gn;
+    return vec4<f32>(bias[min(i, last)], bias[min(i + 1u, last)], bias[min(i + 2u, last)],
+                     bias[min(i + 3u, last)]);
+}
+
 @compute @workgroup_size(WG)
 fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
@@ -403,13 +469,22 @@ fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         store_direct(wid, sg);
         return;
     }
-    for (var f = 0u; f < FRAGS; f++) {
+    for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        let l = epi_lane(wid, sg, f, lane);
-        for (var q = 0u; q < EPI_STEPS; q++) {
-            if (l.gn < p.n && epi_row(l, q) < p.m) {
-                store_c(epi_c(l, q), epi_sh(l, sg, lane, q));
+        if (C_VEC) {
+            let l = epi4_lane(wid, sg, f, lane);
+            for (var q = 0u; q < EPI4_STEPS; q++) {
+                if (l.gn < p.n && epi4_row(l, q) < p.m) {
+                    store_c4_in(epi4_c(l, q), l.gn, epi4_sh(l, sg, lane, q));
+                }
+            }
+        } else {
+            let l = epi_lane(wid, sg, f, lane);
+            for (var q = 0u; q < EPI_STEPS; q++) {
+                if (l.gn < p.n && epi_row(l, q) < p.m) {
+                    store_c(epi_c(l, q), epi_sh(l, sg, lane, q));
+                }
             }
         }
         workgroupBarrier();
@@ -434,15 +509,27 @@ fn matmul_coop_bias(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         store_direct(wid, sg);
         return;
     }
-    for (var f = 0u; f < FRAGS; f++) {
+    for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        let l = epi_lane(wid, sg, f, lane);
-        if (l.gn < p.n) {
-            let b = bias[p.bias_off + l.gn];
-            for (var q = 0u; q < EPI_STEPS; q++) {
-                if (epi_row(l, q) < p.m) {
-                    store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b);
+        if (C_VEC) {
+            let l = epi4_lane(wid, sg, f, lane);
+            if (l.gn < p.n) {
+                let b = bias4(l.gn);
+                for (var q = 0u; q < EPI4_STEPS; q++) {
+                    if (epi4_row(l, q) < p.m) {
+                        store_c4_in(epi4_c(l, q), l.gn, epi4_sh(l, sg, lane, q) + b);
+                    }
+                }
+            }
+        } else {
+            let l = epi_lane(wid, sg, f, lane);
+            if (l.gn < p.n) {
+                let b = bias[p.bias_off + l.gn];
+                for (var q = 0u; q < EPI_STEPS; q++) {
+                    if (epi_row(l, q) < p.m) {
+                        store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b);
+                    }
                 }
             }
         }
@@ -460,16 +547,29 @@ fn matmul_coop_bias_res(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
     scales_init(lane);
     zero_acc();
     product(wid, lid, sg);
-    for (var f = 0u; f < FRAGS; f++) {
+    for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        let l = epi_lane(wid, sg, f, lane); // batch 1: wid.z = 0
-        if (l.gn < p.n) {
-            let b = bias[p.bias_off + l.gn];
-            for (var q = 0u; q < EPI_STEPS; q++) {
-                let gm = epi_row(l, q);
-                if (gm < p.m) {
-                    store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b + pre[p.res_off + gm * p.n + l.gn]);
+        if (C_VEC) {
+            let l = epi4_lane(wid, sg, f, lane); // batch 1: wid.z = 0
+            if (l.gn < p.n) {
+                let b = bias4(l.gn);
+                for (var q = 0u; q < EPI4_STEPS; q++) {
+                    let gm = epi4_row(l, q);
+                    if (gm < p.m) {
+                        store_c4_in(epi4_c(l, q), l.gn, epi4_sh(l, sg, lane, q) + b + pre4(p.res_off, gm, l.gn));
+                    }
+                }
+            }
+        } else {
+            let l = epi_lane(wid, sg, f, lane); // batch 1: wid.z = 0
+            if (l.gn < p.n) {
+                let b = bias[p.bias_off + l.gn];
+                for (var q = 0u; q < EPI_STEPS; q++) {
+                    let gm = epi_row(l, q);
+                    if (gm < p.m) {
+                        store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b + pre_get(p.res_off + gm * p.n + l.gn));
+                    }
                 }
             }
         }
@@ -497,18 +597,36 @@ fn matmul_coop_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         store_direct(wid, sg);
         return;
     }
-    for (var f = 0u; f < FRAGS; f++) {
+    for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        let l = epi_lane(wid, sg, f, lane);
-        for (var q = 0u; q < EPI_STEPS; q++) {
-            let gm = epi_row(l, q);
-            let v = epi_sh(l, sg, lane, q);
-            if (gm == p.m - 1u && l.gn < p.n && p.k_split == 0u) {
-                let o = p.bias_off + l.gn;
-                pre[o] = select(v, pre[o] + v, ACC);
-            } else if (gm < p.m && l.gn < p.n) {
-                store_c(epi_c(l, q), v);
+        if (C_VEC) {
+            let l = epi4_lane(wid, sg, f, lane);
+            for (var q = 0u; q < EPI4_STEPS; q++) {
+                let gm = epi4_row(l, q);
+                let v = epi4_sh(l, sg, lane, q);
+                if (gm == p.m - 1u && l.gn < p.n && p.k_split == 0u) {
+                    for (var i = 0u; i < 4u; i++) {
+                        if (l.gn + i < p.n) {
+                            let o = p.bias_off + l.gn + i;
+                            pre_put(o, select(v[i], pre_get(o) + v[i], ACC));
+                        }
+                    }
+                } else if (gm < p.m && l.gn < p.n) {
+                    store_c4_in(epi4_c(l, q), l.gn, v);
+                }
+            }
+        } else {
+            let l = epi_lane(wid, sg, f, lane);
+            for (var q = 0u; q < EPI_STEPS; q++) {
+                let gm = epi_row(l, q);
+                let v = epi_sh(l, sg, lane, q);
+                if (gm == p.m - 1u && l.gn < p.n && p.k_split == 0u) {
+                    let o = p.bias_off + l.gn;
+                    pre_put(o, select(v, pre_get(o) + v, ACC));
+                } else if (gm < p.m && l.gn < p.n) {
+                    store_c(epi_c(l, q), v);
+                }
             }
         }
         workgroupBarrier();
@@ -523,20 +641,46 @@ fn matmul_coop_bias_gelu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_in
     scales_init(lane);
     zero_acc();
     product(wid, lid, sg);
-    for (var f = 0u; f < FRAGS; f++) {
+    for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
-        let l = epi_lane(wid, sg, f, lane);
-        if (l.gn < p.n) {
-            let b = bias[p.bias_off + l.gn];
-            for (var q = 0u; q < EPI_STEPS; q++) {
-                let gm = epi_row(l, q);
-                if (gm < p.m) {
-                    let z = epi_sh(l, sg, lane, q) + b;
-                    pre[(wid.z * p.m + gm) * p.n + l.gn] = z;
-                    let k = 0.7978845608028654; // sqrt(2 / pi)
-                    let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
-                    store_c(epi_c(l, q), 0.5 * z * (1.0 + t));
+        if (C_VEC) {
+            let l = epi4_lane(wid, sg, f, lane);
+            if (l.gn < p.n) {
+                let b = bias4(l.gn);
+                for (var q = 0u; q < EPI4_STEPS; q++) {
+                    let gm = epi4_row(l, q);
+                    if (gm < p.m) {
+                        let z = epi4_sh(l, sg, lane, q) + b;
+                        let r = (wid.z * p.m + gm) * p.n + l.gn;
+                        if (l.gn + 3u < p.n) {
+                            pre_put4(r, z);
+                        } else {
+                            for (var i = 0u; i < 4u; i++) {
+                                if (l.gn + i < p.n) {
+                                    pre_put(r + i, z[i]);
+                                }
+                            }
+                        }
+                        let k = 0.7978845608028654; // sqrt(2 / pi)
+                        let t = tanh(clamp(k * (z + 0.044715 * z * z * z), vec4<f32>(-15.0), vec4<f32>(15.0)));
+                        store_c4_in(epi4_c(l, q), l.gn, 0.5 * z * (1.0 + t));
+                    }
+                }
+            }
+        } else {
+            let l = epi_lane(wid, sg, f, lane);
+            if (l.gn < p.n) {
+                let b = bias[p.bias_off + l.gn];
+                for (var q = 0u; q < EPI_STEPS; q++) {
+                    let gm = epi_row(l, q);
+                    if (gm < p.m) {
+                        let z = epi_sh(l, sg, lane, q) + b;
+                        pre_put((wid.z * p.m + gm) * p.n + l.gn, z);
+                        let k = 0.7978845608028654; // sqrt(2 / pi)
+                        let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
+                        store_c(epi_c(l, q), 0.5 * z * (1.0 + t));
+                    }
                 }
             }
         }

@@ -25,7 +25,7 @@ fn matmul_coop_split(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoca
     zero_acc();
     product(wid, lid, sg);
     let base = part_base(wid);
-    for (var f = 0u; f < FRAGS; f++) {
+    for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
         let l = epi_lane(wid, sg, f, lane);

@@ -67,7 +67,7 @@ fn split_addend(wid: vec3<u32>, e: u32) -> vec2<f32> {
     if (SPLIT_EPI == 1u) {
         return vec2<f32>(b, 0.0);
     }
-    return vec2<f32>(b, pre[p.res_off + gm * p.n + gn]);
+    return vec2<f32>(b, pre_get(p.res_off + gm * p.n + gn));
 }
 
 // Element (gm, gn) of C is v, the sum of the partials, through the split's epilogue (a: its
@@ -76,7 +76,7 @@ fn split_store(gm: u32, gn: u32, v: f32, a: vec2<f32>) {
     let o = p.c_off + gm * p.c_ms + gn * p.c_ns;
     if (SPLIT_EPI == 3u && gm == p.m - 1u) {
         let s = p.bias_off + gn;
-        pre[s] = select(v, pre[s] + v, ACC);
+        pre_put(s, select(v, pre_get(s) + v, ACC));
     } else if (SPLIT_EPI == 2u) {
         store_c(o, v + a.x + a.y);
     } else if (SPLIT_EPI == 1u) {

@@ -35,6 +35,14 @@ static X3_FAMILY: Family = Family {
 const TILE_WORDS: &str = include_str!("../../wgsl/matmul_coop_tile_words.wgsl");
 /// Tiles of f16 (Metal's simdgroup loads want the matrix's element type).
 const TILE_F16: &str = include_str!("../../wgsl/matmul_coop_tile_f16.wgsl");
+/// C bound as its elements.
+const C_ELEMS: &str = include_str!("../../wgsl/matmul_coop_c_elems.wgsl");
+/// C bound as vectors of 4 (C_VEC).
+const C_VEC4: &str = include_str!("../../wgsl/matmul_coop_c_vec4.wgsl");
+/// `pre` bound as f32 elements.
+const PRE_ELEMS: &str = include_str!("../../wgsl/matmul_coop_pre_elems.wgsl");
+/// `pre` bound as vectors of 4 f32 (`pre_vectors`).
+const PRE_VEC4: &str = include_str!("../../wgsl/matmul_coop_pre_vec4.wgsl");
 
 pub static MATMUL_COOP: KernelDesc = KernelDesc {
     name: "matmul_coop",
@@ -172,6 +180,16 @@ impl Coop {
             ],
         };
         spec.ty("MA", ma).ty("MB", mb).ty("MC", mc)
+    }
+
+    /// Whether the scratch epilogue can store 4 consecutive columns a lane (`CStore::Vec4`):
+    /// a fragment's rows split into whole vectors of 4, and its FS x FS elements into whole
+    /// passes of the subgroup's lanes. `WGRAD_COOP_C_VEC=0` stores elements (to measure).
+    pub fn stores_vectors(&self) -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        self.fs.is_multiple_of(4)
+            && (self.fs * self.fs).is_multiple_of(4 * self.sgs)
+            && *ON.get_or_init(|| std::env::var("WGRAD_COOP_C_VEC").map_or(true, |v| v != "0"))
     }
 
     /// NVIDIA's Vulkan driver: 16x16x16 fragments, subgroups of 32.
@@ -418,19 +436,34 @@ impl OperandLayout {
     }
 }
 
-/// The specialization of one product: tile, accumulate, storage types, how A and B are read.
-/// `c_direct`: C is f32 with unit column stride and 16-byte aligned rows (offset, row and
-/// batch strides multiples of 4), so tiles inside it load and store their accumulators
-/// straight from and to C (plain and bias products; the launcher checks it).
+/// How a product's kernel writes C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CStore {
+    /// Through the scratch tile, an element a lane.
+    Elems,
+    /// Through the scratch tile, 4 consecutive columns a lane, stored as one vector (C_VEC, C
+    /// bound as vectors of 4): C's columns unit-stride, its offset and row and batch strides
+    /// multiples of 4, its last element's vector inside the binding (the launcher checks).
+    /// Adapters whose fragments are too small for it (FS x FS under 4 elements a lane) store
+    /// elements.
+    Vec4,
+    /// f32 C with unit column stride and 16-byte aligned rows (offset, row and batch strides
+    /// multiples of 4): tiles inside C load and store their accumulators straight from and to
+    /// it (plain and bias products; C_DIRECT), the others store elements.
+    Direct,
+}
+
+/// The specialization of one product: tile, accumulate, storage types, how A and B are read,
+/// how C is written.
 pub fn spec(
     t: CoopTile,
     acc: bool,
     types: Types,
     coop: Coop,
     (a, b): (OperandAccess, OperandAccess),
-    c_direct: bool,
+    c: CStore,
 ) -> Spec {
-    spec_ones(t, acc, types, coop, (a, b), c_direct, false, false)
+    spec_ones(t, acc, types, coop, (a, b), c, false, false)
 }
 
 /// `spec`, with A's last row taken as ones where `ones` (A_ONES in the WGSL), and, with `x3`,
@@ -443,12 +476,22 @@ pub fn spec_ones(
     types: Types,
     coop: Coop,
     (a, b): (OperandAccess, OperandAccess),
-    c_direct: bool,
+    c: CStore,
     ones: bool,
     x3: bool,
 ) -> Spec {
+    let c_direct = c == CStore::Direct && !x3;
+    let c_vec = c == CStore::Vec4 && coop.stores_vectors();
     coop.with_fragments(Spec::new())
         .ty("TC", types.c.wgsl())
+        .ty(
+            "CB",
+            if c_vec {
+                vec4_of(types.c, false)
+            } else {
+                types.c.wgsl()
+            },
+        )
         .ty("AV", vec4_of(types.a, a.wide))
         .ty("AV_B", vec4_of(types.b, b.wide))
         .source(
@@ -470,15 +513,28 @@ pub fn spec_ones(
         .bool("B_VEC", b.vec)
         .bool("A_WIDE", a.wide)
         .bool("B_WIDE", b.wide)
-        .bool("C_DIRECT", c_direct && !x3)
+        .bool("C_DIRECT", c_direct)
+        .bool("C_VEC", c_vec)
         .bool("ACC", acc)
         .bool("A_ONES", ones)
         .bool("B_ONES", false)
         .u32("SPLIT_EPI", 0)
         .bool("SPREAD", spread(coop))
         .u32("GROUP_M", group_m())
+        .u32("EPI_FRAGS", epi_frags(t))
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
-        .source("UNROLLED", generated(t, coop, c_direct && !x3, x3))
+        .source("C", if c_vec { C_VEC4 } else { C_ELEMS })
+        .ty("PB", "f32")
+        .source("PRE", PRE_ELEMS)
+        .source("UNROLLED", generated(t, coop, c_direct, x3))
+}
+
+/// `spec` with `pre` (the GELU product's pre-activation, or the residual a bias product adds)
+/// bound as vectors of 4 f32, read and written 4 at once by the vector epilogue
+/// (`CStore::Vec4`): for the launcher to choose where every row the epilogue touches starts on
+/// a vector (N and the offset multiples of 4) inside the binding.
+pub fn pre_vectors(spec: Spec) -> Spec {
+    spec.with_ty("PB", "vec4<f32>").with_source("PRE", PRE_VEC4)
 }
 
 /// The part of the kernel generated per tile shape: FM x FN accumulators and the UA + UB
@@ -680,6 +736,17 @@ fn group_m() -> u32 {
     })
 }
 
+/// Accumulators the scratch epilogue stores (EPI_FRAGS in the WGSL): all of them, or with
+/// `WGRAD_COOP_ABLATE=noepilogue` one, their sum (`unrolled_source`).
+fn epi_frags(t: CoopTile) -> u32 {
+    let ablate = std::env::var("WGRAD_COOP_ABLATE").unwrap_or_default();
+    if ablate.split(',').any(|a| a == "noepilogue") {
+        1
+    } else {
+        t.fm * t.fn_
+    }
+}
+
 /// Whether a one-stage tile's loop fetches the next step's units while this step multiplies
 /// (the units held in registers across the multiply), rather than loading, storing and then
 /// multiplying each step in turn. Measured on an H100 (2026-11-26, the same products): f16
@@ -701,7 +768,8 @@ fn prefetches(x3: bool) -> bool {
 /// (no tile stores), `nomultiply` (no fragment loads or multiply-adds), `nobarrier` (no
 /// workgroup barriers), `noprefetch` (a step's units loaded and stored before its multiply
 /// rather than during the previous one: what `prefetches` chooses for f16 products; the
-/// products are right). What is left runs as it would, so the time of a part is the
+/// products are right), and out of the scratch epilogue `noepilogue` (the accumulators'
+/// sum spilled and stored as one fragment). What is left runs as it would, so the time of a part is the
 /// difference (PROFILING.md).
 fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String {
     use std::fmt::Write as _;
@@ -923,7 +991,17 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
         "// Accumulator f into the subgroup's scratch tile (row-major FS x FS).\n\
          fn spill(f: u32, sg: u32) {{\n    let off = sg * FE;\n    let s = FS;\n    switch f {{"
     );
-    for f in 0..fm * fn_ {
+    if off("noepilogue") {
+        // Every accumulator folded into the one spilled fragment (EPI_FRAGS 1), so the
+        // product is kept and the epilogue is a sixteenth or so of its own.
+        let sum: Vec<String> = (0..fm * fn_).map(|f| format!("acc{f}")).collect();
+        let _ = writeln!(
+            w,
+            "        case 0u: {{ let all = {}; coopStoreT(all, &c_sh[off], s); }}",
+            sum.join(" + ")
+        );
+    }
+    for f in (off("noepilogue") as u32)..fm * fn_ {
         let _ = writeln!(
             w,
             "        case {f}u: {{ coopStoreT(acc{f}, &c_sh[off], s); }}"
@@ -1073,8 +1151,9 @@ fn vec4_of(t: DType, wide: bool) -> &'static str {
 
 /// Every variant for an adapter offering `coop` with `max_workgroup_bytes`: each default tile
 /// and a two-stage one, accumulate or not, each of the step's storage types, each way of
-/// reading A and B, each epilogue; and the direct-store plain and bias products into f32 (the
-/// ways of reading A and of reading B paired in order, as many pairs as the shorter list).
+/// reading A and B, each epilogue; and, with the ways of reading A and of reading B paired in
+/// order (as many pairs as the shorter list), each epilogue storing C in vectors (where the
+/// adapter's fragments allow it) and the direct-store plain and bias products into f32.
 pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for ty in STEP_TYPES {
@@ -1105,12 +1184,28 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                 for &a in &a_ways {
                     for &b in &b_ways {
                         for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
-                            v.push((kernel, spec(t, acc, ty, coop, (a, b), false)));
+                            v.push((kernel, spec(t, acc, ty, coop, (a, b), CStore::Elems)));
                         }
                         // A residual is added to a new f32 output.
                         if !acc && ty.c == DType::F32 {
-                            let s = spec(t, acc, ty, coop, (a, b), false);
+                            let s = spec(t, acc, ty, coop, (a, b), CStore::Elems);
                             v.push((&MATMUL_COOP_BIAS_RES, s));
+                        }
+                    }
+                }
+                // C stored in vectors through the scratch tile (where the adapter's fragments
+                // allow it): each epilogue, the ways of reading A and B paired in order.
+                if coop.stores_vectors() {
+                    for (&a, &b) in a_ways.iter().zip(&b_ways) {
+                        let s = spec(t, acc, ty, coop, (a, b), CStore::Vec4);
+                        for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
+                            v.push((kernel, s.clone()));
+                        }
+                        // `pre` in vectors too (GELU's pre-activation, the residual).
+                        v.push((&MATMUL_COOP_BIAS_GELU, pre_vectors(s.clone())));
+                        if !acc && ty.c == DType::F32 {
+                            v.push((&MATMUL_COOP_BIAS_RES, s.clone()));
+                            v.push((&MATMUL_COOP_BIAS_RES, pre_vectors(s)));
                         }
                     }
                 }
@@ -1119,14 +1214,14 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                 if ty.c == DType::F32 {
                     for (&a, &b) in a_ways.iter().zip(&b_ways) {
                         for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS] {
-                            v.push((kernel, spec(t, acc, ty, coop, (a, b), true)));
+                            v.push((kernel, spec(t, acc, ty, coop, (a, b), CStore::Direct)));
                         }
                     }
                 }
                 // A split product in one dispatch, with each epilogue its sum serves (the ways
                 // of reading A and B paired in order).
                 for (&a, &b) in a_ways.iter().zip(&b_ways) {
-                    let s = |ones| spec_ones(t, acc, ty, coop, (a, b), false, ones, false);
+                    let s = |ones| spec_ones(t, acc, ty, coop, (a, b), CStore::Elems, ones, false);
                     for epi in [SplitEpilogue::Plain, SplitEpilogue::Bias] {
                         v.push((&MATMUL_COOP_SPLIT, epi.spec(s(false))));
                     }
@@ -1149,7 +1244,8 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
 
 /// The X3 variants (f32 operands and C): each default X3 tile, accumulate or not, the four
 /// ways of reading an f32 operand (A's paired with B's in reverse order: each way of each
-/// operand once), each epilogue, column sums (A_ONES) and, not accumulating, the residual.
+/// operand once), each epilogue, column sums (A_ONES) and, not accumulating, the residual; C
+/// stored element by element and, where the adapter's fragments allow it, in vectors.
 fn x3_variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let ty = Types {
         a: DType::F32,
@@ -1167,6 +1263,12 @@ fn x3_variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc
             })
         })
         .collect();
+    // C stored element by element, and in vectors where the adapter's fragments allow it.
+    let stores: &[CStore] = if coop.stores_vectors() {
+        &[CStore::Elems, CStore::Vec4]
+    } else {
+        &[CStore::Elems]
+    };
     let mut v = Vec::new();
     for t in X3_TILES
         .into_iter()
@@ -1174,17 +1276,34 @@ fn x3_variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc
     {
         for acc in [false, true] {
             for (&a, &b) in ways.iter().zip(ways.iter().rev()) {
-                let spec = |ones| spec_ones(t, acc, ty, coop, (a, b), false, ones, true);
+                let spec = |ones, c| spec_ones(t, acc, ty, coop, (a, b), c, ones, true);
                 for kernel in [
                     &MATMUL_COOP_X3,
                     &MATMUL_COOP_X3_BIAS,
                     &MATMUL_COOP_X3_BIAS_GELU,
                 ] {
-                    v.push((kernel, spec(false)));
+                    for &c in stores {
+                        v.push((kernel, spec(false, c)));
+                    }
                 }
-                v.push((&MATMUL_COOP_X3_SUMS, spec(true)));
-                if !acc {
-                    v.push((&MATMUL_COOP_X3_BIAS_RES, spec(false)));
+                for &c in stores {
+                    v.push((&MATMUL_COOP_X3_SUMS, spec(true, c)));
+                    if !acc {
+                        v.push((&MATMUL_COOP_X3_BIAS_RES, spec(false, c)));
+                    }
+                }
+                // Vector stores with `pre` in vectors too (GELU's pre-activation, the residual).
+                if stores.len() > 1 {
+                    v.push((
+                        &MATMUL_COOP_X3_BIAS_GELU,
+                        pre_vectors(spec(false, CStore::Vec4)),
+                    ));
+                    if !acc {
+                        v.push((
+                            &MATMUL_COOP_X3_BIAS_RES,
+                            pre_vectors(spec(false, CStore::Vec4)),
+                        ));
+                    }
                 }
             }
         }

@@ -113,9 +113,9 @@ impl std::hash::Hash for Spec {
     }
 }
 
-/// Entries a Spec makes room for at once: the cooperative-matrix matmul's, the most, are 27,
+/// Entries a Spec makes room for at once: the cooperative-matrix matmul's, the most, are 37,
 /// and a Spec is built for every dispatch (growing it one push at a time reallocated it 4 times).
-const SPEC_ROOM: usize = 32;
+const SPEC_ROOM: usize = 40;
 
 impl SpecValue {
     /// The value as words, a text as its address and length.
@@ -151,6 +151,24 @@ impl Spec {
         match self.0.iter_mut().find(|(n, _)| *n == name) {
             Some(entry) => entry.1 = SpecValue::U32(v),
             None => self.0.push((name, SpecValue::U32(v))),
+        }
+        self
+    }
+
+    /// The type alias `name` set to `v`: its entry's value replaced, or an entry added.
+    pub fn with_ty(mut self, name: &'static str, v: &'static str) -> Spec {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = SpecValue::Type(v),
+            None => self.0.push((name, SpecValue::Type(v))),
+        }
+        self
+    }
+
+    /// The snippet `name` set to `text`: its entry's text replaced, or an entry added.
+    pub fn with_source(mut self, name: &'static str, text: &'static str) -> Spec {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = SpecValue::Source(text),
+            None => self.0.push((name, SpecValue::Source(text))),
         }
         self
     }

@@ -595,6 +595,22 @@ impl Tensor {
                         (c_off, c_ms, c_bs),
                         if split > 1 { 1 } else { params.c_ns },
                     );
+                // Else through the scratch tile, in vectors of 4 where C takes them (unsplit:
+                // a split's partials are stored straight or summed elsewhere).
+                let c_store = if c_direct {
+                    matmul_coop::CStore::Direct
+                } else if split == 1
+                    && stores_vectors(
+                        kernel_types.c,
+                        &params,
+                        (batch, m, n),
+                        out.storage().bound_bytes() as usize / out.dtype().size(),
+                    )
+                {
+                    matmul_coop::CStore::Vec4
+                } else {
+                    matmul_coop::CStore::Elems
+                };
 
                 (
                     if on_x3 {
@@ -614,16 +630,36 @@ impl Tensor {
                             &matmul_coop::MATMUL_COOP_BIAS_RES,
                         ]
                     },
-                    matmul_coop::spec_ones(
-                        tile,
-                        kernel_acc,
-                        kernel_types,
-                        coop,
-                        (a_access, b_access),
-                        c_direct,
-                        sums.is_some(),
-                        on_x3,
-                    ),
+                    {
+                        let spec = matmul_coop::spec_ones(
+                            tile,
+                            kernel_acc,
+                            kernel_types,
+                            coop,
+                            (a_access, b_access),
+                            c_store,
+                            sums.is_some(),
+                            on_x3,
+                        );
+                        // The vector epilogue's `pre` (GELU's pre-activation, new and
+                        // contiguous from 0; or the residual, contiguous from res_off) in
+                        // vectors too, where its rows start on vectors inside the binding.
+                        let pre_rows_on_vectors = n.is_multiple_of(4)
+                            && match (epilogue, residual) {
+                                (Epilogue::BiasGelu { .. }, _) => true,
+                                (_, Some(r)) => {
+                                    let off = r.layout().offset;
+                                    off.is_multiple_of(4)
+                                        && off + m * n <= r.storage().bound_bytes() as usize / 4
+                                }
+                                _ => false,
+                            };
+                        if c_store == matmul_coop::CStore::Vec4 && pre_rows_on_vectors {
+                            matmul_coop::pre_vectors(spec)
+                        } else {
+                            spec
+                        }
+                    },
                 )
             }
             Choice::Tiled(tile) => (
@@ -946,6 +982,28 @@ fn record_absmax(
 /// multiples of 4 (rows on 16 bytes).
 fn stores_direct(c: DType, (c_off, c_ms, c_bs): (u32, u32, u32), c_ns: u32) -> bool {
     c == DType::F32 && c_ns == 1 && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4))
+}
+
+/// Whether the cooperative-matrix kernel may bind C (`batch` of (m, n) through `p`'s C
+/// offset and strides, in a binding of `bound` elements) as vectors of 4 and store 4
+/// consecutive columns at once (`CStore::Vec4`): f16 or f32 elements, unit-stride columns,
+/// offset and row and batch strides multiples of 4 (every row starts on a vector), and the
+/// vector holding C's last element inside the binding.
+fn stores_vectors(
+    c: DType,
+    p: &MatmulParams,
+    (batch, m, n): (usize, usize, usize),
+    bound: usize,
+) -> bool {
+    let aligned = [p.c_off, p.c_ms, if batch > 1 { p.c_bs } else { 0 }]
+        .iter()
+        .all(|x| x.is_multiple_of(4));
+    let last = p.c_off as usize
+        + (batch.max(1) - 1) * p.c_bs as usize
+        + (m.max(1) - 1) * p.c_ms as usize
+        + n.max(1)
+        - 1;
+    matches!(c, DType::F16 | DType::F32) && p.c_ns == 1 && aligned && (last / 4 + 1) * 4 <= bound
 }
 
 #[cfg(test)]
