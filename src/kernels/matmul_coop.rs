@@ -739,8 +739,14 @@ fn group_m() -> u32 {
 /// Accumulators the scratch epilogue stores (EPI_FRAGS in the WGSL): all of them, or with
 /// `WGRAD_COOP_ABLATE=noepilogue` one, their sum (`unrolled_source`).
 fn epi_frags(t: CoopTile) -> u32 {
-    let ablate = std::env::var("WGRAD_COOP_ABLATE").unwrap_or_default();
-    if ablate.split(',').any(|a| a == "noepilogue") {
+    static ABLATED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let ablated = *ABLATED.get_or_init(|| {
+        std::env::var("WGRAD_COOP_ABLATE")
+            .unwrap_or_default()
+            .split(',')
+            .any(|a| a == "noepilogue")
+    });
+    if ablated {
         1
     } else {
         t.fm * t.fn_

@@ -585,7 +585,9 @@ impl Tensor {
                     1 => (params.c_off, params.c_ms, params.c_bs),
                     _ => (0, n as u32, (m_run * n) as u32),
                 };
+                // (X3 products store no accumulators straight to C: `spec_ones`.)
                 let c_direct = !one_dispatch
+                    && !on_x3
                     && matches!(
                         epilogue,
                         Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_)
@@ -654,7 +656,10 @@ impl Tensor {
                                 }
                                 _ => false,
                             };
-                        if c_store == matmul_coop::CStore::Vec4 && pre_rows_on_vectors {
+                        if c_store == matmul_coop::CStore::Vec4
+                            && coop.stores_vectors()
+                            && pre_rows_on_vectors
+                        {
                             matmul_coop::pre_vectors(spec)
                         } else {
                             spec
@@ -1022,6 +1027,67 @@ mod tests {
             cols: t.shape()[r - 1],
             col_stride: t.strides()[r - 1],
             bound_elements: t.storage().bound_bytes() as usize / 4,
+        }
+    }
+
+    /// A product written into, then added into, a view of the first 61 columns of rows 64 wide,
+    /// f16 and f32: C's rows start on vectors of 4 and N is not a multiple of 4, so on
+    /// cooperative matrices the epilogue stores 4 columns at once and each row's ragged end
+    /// element by element. The view holds the product (f64 of the f16 operands) and the columns
+    /// past it keep what they held.
+    #[test]
+    fn products_into_narrowed_rows_leave_the_columns_past_them() {
+        let dev = Device::new().expect("a device (lavapipe without a GPU)");
+        let (m, k, n, w) = (150, 40, 61, 64);
+        let half = |v: f32| half::f16::from_f32(v).to_f64();
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.02)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 53 % 97) as f32 - 48.0) * 0.02)
+            .collect();
+        let x = Tensor::from_slice_as(&dev, &a, &[m, k], DType::F16).expect("upload");
+        let y = Tensor::from_slice_as(&dev, &b, &[k, n], DType::F16).expect("upload");
+        let want = |i: usize, j: usize| {
+            (0..k)
+                .map(|l| half(a[i * k + l]) * half(b[l * n + j]))
+                .sum::<f64>()
+        };
+        for dtype in [DType::F16, DType::F32] {
+            let full =
+                Tensor::from_slice_as(&dev, &vec![7.0; m * w], &[m, w], dtype).expect("upload");
+            let view = full.narrow(1, 0, n).expect("view");
+            for acc in [false, true] {
+                let out = if acc {
+                    Out::Acc(&view)
+                } else {
+                    Out::Write(&view)
+                };
+                autocast(true, || {
+                    x.matmul_epilogue_into(&y, Epilogue::None, out, dtype)
+                })
+                .expect("product");
+                let got = full
+                    .to_dtype(DType::F32)
+                    .and_then(|t| t.to_vec())
+                    .expect("read back");
+                for i in 0..m {
+                    for j in 0..w {
+                        let g = got[i * w + j] as f64;
+                        let (e, tol) = match j < n {
+                            // written, then added to what was written
+                            true if acc => (2.0 * want(i, j), 4e-3),
+                            true => (want(i, j), 2e-3),
+                            false => (7.0, 0.0),
+                        };
+                        assert!(
+                            (g - e).abs() <= tol * e.abs().max(1.0),
+                            "{dtype:?} {}: ({i}, {j}) {g} against {e}",
+                            if acc { "added" } else { "written" }
+                        );
+                    }
+                }
+            }
         }
     }
 
