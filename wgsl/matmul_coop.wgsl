@@ -50,7 +50,9 @@
 // A_ONES: A's last row is not read but taken as ones (the launcher checks M - 1 is a multiple
 // of 8), so C's last row is the column sums of B; matmul_coop_sums stores it to `pre` at
 // bias_off (a linear's bias gradient beside dW = x^T dz; split, the partials keep it).
-// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN, A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, ACC, A_ONES, SPLIT_EPI, SPREAD, GROUP_M, EPI_FRAGS, C_VEC; types
+// Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN,
+// A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, C_VEC, ACC, A_ONES, SPLIT_EPI, SPREAD, GROUP_M,
+// EPI_FRAGS; types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C's elements), CB (its binding's), PB
 // (`pre`'s binding's); snippets TILE, C, PRE and UNROLLED.
 //
@@ -83,12 +85,12 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> c: array<CB>;     // C's elements (CB = TC), or 4 a vector (C_VEC)
+@group(0) @binding(1) var<storage, read_write> c: array<CB>;     // C (CB = TC, or with C_VEC vec4<TC>)
 @group(0) @binding(2) var<storage, read> a: array<AV>;         // A's elements, 4 a vector
 @group(0) @binding(3) var<storage, read> b: array<AV_B>;       // B's elements, 4 a vector
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_coop_bias*
-@group(0) @binding(5) var<storage, read_write> pre: array<PB>;  // (batch, M, N) f32, matmul_coop_bias_gelu;
-                                                                // as f32 (PB) or vectors of 4: `pre_get` etc.
+@group(0) @binding(5) var<storage, read_write> pre: array<PB>;  // GELU's z, the residual, the
+                                                                // sums row; PB: the PRE snippet
 
 const WG: u32 = SG_M * SG_N * SGS;
 const BM: u32 = SG_M * FM * FS;
@@ -557,7 +559,8 @@ fn matmul_coop_bias_res(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
                 for (var q = 0u; q < EPI4_STEPS; q++) {
                     let gm = epi4_row(l, q);
                     if (gm < p.m) {
-                        store_c4_in(epi4_c(l, q), l.gn, epi4_sh(l, sg, lane, q) + b + pre4(p.res_off, gm, l.gn));
+                        let r = pre4(p.res_off, gm, l.gn);
+                        store_c4_in(epi4_c(l, q), l.gn, epi4_sh(l, sg, lane, q) + b + r);
                     }
                 }
             }
@@ -568,7 +571,8 @@ fn matmul_coop_bias_res(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
                 for (var q = 0u; q < EPI_STEPS; q++) {
                     let gm = epi_row(l, q);
                     if (gm < p.m) {
-                        store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b + pre_get(p.res_off + gm * p.n + l.gn));
+                        let r = pre_get(p.res_off + gm * p.n + l.gn);
+                        store_c(epi_c(l, q), epi_sh(l, sg, lane, q) + b + r);
                     }
                 }
             }
@@ -663,7 +667,8 @@ fn matmul_coop_bias_gelu(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_in
                             }
                         }
                         let k = 0.7978845608028654; // sqrt(2 / pi)
-                        let t = tanh(clamp(k * (z + 0.044715 * z * z * z), vec4<f32>(-15.0), vec4<f32>(15.0)));
+                        let u = k * (z + 0.044715 * z * z * z);
+                        let t = tanh(clamp(u, vec4<f32>(-15.0), vec4<f32>(15.0)));
                         store_c4_in(epi4_c(l, q), l.gn, 0.5 * z * (1.0 + t));
                     }
                 }

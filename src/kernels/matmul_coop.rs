@@ -775,8 +775,8 @@ fn prefetches(x3: bool) -> bool {
 /// workgroup barriers), `noprefetch` (a step's units loaded and stored before its multiply
 /// rather than during the previous one: what `prefetches` chooses for f16 products; the
 /// products are right), and out of the scratch epilogue `noepilogue` (the accumulators'
-/// sum spilled and stored as one fragment). What is left runs as it would, so the time of a part is the
-/// difference (PROFILING.md).
+/// sum spilled and stored as one fragment). What is left runs as it would, so the time of a
+/// part is the difference (PROFILING.md).
 fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String {
     use std::fmt::Write as _;
     let ablate = std::env::var("WGRAD_COOP_ABLATE").unwrap_or_default();
