@@ -736,17 +736,22 @@ fn group_m() -> u32 {
     })
 }
 
-/// Accumulators the scratch epilogue stores (EPI_FRAGS in the WGSL): all of them, or with
-/// `WGRAD_COOP_ABLATE=noepilogue` one, their sum (`unrolled_source`).
-fn epi_frags(t: CoopTile) -> u32 {
+/// Whether `WGRAD_COOP_ABLATE` names `noepilogue` (read once): the scratch epilogue stores one
+/// fragment, the sum of a subgroup's accumulators (`unrolled_source`), instead of all of them.
+fn epilogue_ablated() -> bool {
     static ABLATED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let ablated = *ABLATED.get_or_init(|| {
+    *ABLATED.get_or_init(|| {
         std::env::var("WGRAD_COOP_ABLATE")
             .unwrap_or_default()
             .split(',')
             .any(|a| a == "noepilogue")
-    });
-    if ablated {
+    })
+}
+
+/// Accumulators the scratch epilogue stores (EPI_FRAGS in the WGSL): all of them, or one with
+/// the epilogue ablated (`epilogue_ablated`).
+fn epi_frags(t: CoopTile) -> u32 {
+    if epilogue_ablated() {
         1
     } else {
         t.fm * t.fn_
@@ -997,7 +1002,7 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
         "// Accumulator f into the subgroup's scratch tile (row-major FS x FS).\n\
          fn spill(f: u32, sg: u32) {{\n    let off = sg * FE;\n    let s = FS;\n    switch f {{"
     );
-    if off("noepilogue") {
+    if epilogue_ablated() {
         // Every accumulator folded into the one spilled fragment (EPI_FRAGS 1), so the
         // product is kept and the epilogue is a sixteenth or so of its own.
         let sum: Vec<String> = (0..fm * fn_).map(|f| format!("acc{f}")).collect();
@@ -1007,7 +1012,7 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
             sum.join(" + ")
         );
     }
-    for f in (off("noepilogue") as u32)..fm * fn_ {
+    for f in (epilogue_ablated() as u32)..fm * fn_ {
         let _ = writeln!(
             w,
             "        case {f}u: {{ coopStoreT(acc{f}, &c_sh[off], s); }}"
