@@ -3,8 +3,9 @@
 //! Picks the best adapter (discrete GPU, then integrated, then virtual, then CPU), or the one
 //! the environment names: `WGRAD_BACKEND` (vulkan, metal, dx12) limits the backends searched,
 //! `WGRAD_ADAPTER` picks the first adapter whose name contains the given text (case-insensitive).
-//! `WGRAD_DISABLE_FEATURES` (comma list: subgroups, f16, timestamps, immediates,
-//! cooperative_matrix) turns optional features off, so fallbacks can be tested on any adapter.
+//! `WGRAD_DISABLE_FEATURES` (comma list: subgroups, subgroup_barrier, f16, timestamps,
+//! immediates, cooperative_matrix) turns optional features off, so fallbacks can be tested on
+//! any adapter.
 //! `WGRAD_MAX_BINDING` (bytes) lowers the storage-binding limit wgrad uses and requests, so the
 //! paths for adapters with a small limit (lavapipe's 128 MiB: the embedding split into row
 //! shards) run on any adapter.
@@ -17,6 +18,7 @@ use crate::error::{Error, Result};
 /// Optional features wgrad uses when the adapter has them.
 pub const USEFUL_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::SUBGROUP)
+    .union(wgpu::Features::SUBGROUP_BARRIER)
     .union(wgpu::Features::TIMESTAMP_QUERY)
     .union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
     .union(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
@@ -286,6 +288,7 @@ fn disabled_from_env() -> wgpu::Features {
     for name in list.split(',').map(str::trim) {
         off |= match name {
             "subgroups" => wgpu::Features::SUBGROUP,
+            "subgroup_barrier" => wgpu::Features::SUBGROUP_BARRIER,
             "f16" => wgpu::Features::SHADER_F16,
             "timestamps" => {
                 wgpu::Features::TIMESTAMP_QUERY

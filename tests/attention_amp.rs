@@ -74,6 +74,44 @@ fn autocast_attention_matches_the_f32_reference() -> Result<()> {
     Ok(())
 }
 
+/// Scores that grow along the keys, so a row's max passes its running max by more than the
+/// forward's RESCALE (8) in later blocks of 16 keys (O's rows rescaled; a slope of 12 moves it
+/// by about 12 a block at T = 130) or by less (a stale max: P above 1; slope 3): O, and the
+/// gradients, which read the forward's lse, against the reference.
+#[test]
+fn autocast_attention_with_scores_that_grow_along_the_keys() -> Result<()> {
+    let d = dev();
+    for (shape, slope) in [
+        ([1, 2, 130, 64], 12.0),
+        ([1, 2, 130, 64], 3.0),
+        ([2, 1, 100, 64], -6.0),
+        ([1, 1, 200, 32], 20.0),
+    ] {
+        let [b, h, t, hd] = shape;
+        let mut r = rng(&format!("amp attention growing {shape:?} {slope}"));
+        // x is (B, T, 3, H, D): q = 1 + u, k = u + slope t / T, v = u, u in [-0.5, 0.5], so
+        // s(i, j) is about slope * j / T * D / sqrt(D) (plus noise).
+        let mut x = Arr::rand(&mut r, &[b, t, 3 * h * hd], -0.5, 0.5);
+        let scale = 8.0 / (hd as f64).sqrt();
+        for (i, e) in x.data.iter_mut().enumerate() {
+            let ti = (i / (3 * h * hd)) % t;
+            match (i / (h * hd)) % 3 {
+                0 => *e += 1.0,
+                1 => *e += slope * scale * ti as f64 / t as f64,
+                _ => {}
+            }
+        }
+        let x = x.upload(d);
+        let w = Arr::rand(&mut r, &[b, h, t, hd], -1.0, 1.0).upload(d);
+        let (o, g) = run(&x, &w, shape, true)?;
+        let (o_ref, g_ref) = run(&x, &w, shape, false)?;
+        let what = format!("{shape:?}, slope {slope}");
+        assert_close(&o, &as_f64(&o_ref), HALF_TOL, &format!("O {what}"));
+        assert_close(&g, &as_f64(&g_ref), HALF_TOL, &format!("d(qkv) {what}"));
+    }
+    Ok(())
+}
+
 /// Two backward passes add their gradients into the same leaf: through the head views of
 /// `causal_attention` (the second pass's gradients added into the first's), and through
 /// `causal_self_attention` on the fused input (its second backward's kernel adds dQ, dK and dV

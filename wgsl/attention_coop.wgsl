@@ -22,10 +22,21 @@
 // The outputs (O; dQ; dK and dV) stay in accumulators across blocks, the subgroup's own rows'
 // operands (q; q and dO; k and v) in fragments (the OWN snippet), so the tiles take little
 // workgroup memory and two workgroups share a core (NVIDIA's Vulkan driver gives a core about
-// 48 KiB of workgroup memory in all; PROFILING.md). So that O needs no rescaling (which would
-// take it through the scratch every block), the forward runs two passes over the key blocks:
-// the first takes each query's row max and sum (S only), the second P = exp(S - lse), already
-// normalized, and O += P v.
+// 48 KiB of workgroup memory in all; PROFILING.md).
+// The forward (attn_coop_fwd1) runs one pass over the key blocks with the softmax's row max
+// kept stale: a block's P = exp(S - m) against the row's running max m, which moves only when a
+// block's max passes it by more than RESCALE (P stays under e^RESCALE, well inside f16). Only
+// then does a subgroup rescale its O rows (through its scratch rows), and once at the end by
+// 1 / l; a row's max settles within its first blocks, so O rarely leaves the accumulators.
+// attn_coop_fwd (the launcher's switch) runs two passes instead: the first takes each query's
+// row max and sum (S only), the second P = exp(S - lse), already normalized, and O += P v.
+// Within a block a subgroup's scores, P and dS are its own rows of the scratch and the tiles, so
+// it waits for its own lanes alone there (`own_sync`, the SYNC snippet: a subgroup barrier, or
+// the workgroup's to measure); the blocks' shared tiles are behind workgroup barriers.
+// Before a cooperative operation no lane branches on its own: a first one-pass forward with a
+// lane's branch there (one lane storing a flag) and `||` / `&&` computed wrong outputs on
+// NVIDIA's driver, and so did the two passes beside it in one entry point, its branch never
+// taken; without those branches it is right (PROFILING.md).
 // With PREFETCH a block's rows of the other side are in flight while the block before it works:
 // each lane loads its share of the next block into registers (`fetch_*`) right after the current
 // block is stored into the tiles, and stores it (`put_*`) once the current block is done with
@@ -41,7 +52,7 @@
 // Specialization: KIND (0 forward, 3 backward), FS, SGS, SG, BC, DMAX (head dim padded to a
 // multiple of FS), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
 // ACC_DK, ACC_DV (add into the target instead of overwriting it), PREFETCH (the next block in
-// flight); snippet OWN.
+// flight); snippets OWN and SYNC.
 
 enable wgpu_cooperative_matrix;
 
@@ -115,6 +126,9 @@ var<workgroup> sc: array<f32, ROWS * SW>;                           // scores / 
 var<workgroup> sc2: array<f32, select(1u, ROWS * SW2, BWD)>;        // dP (dkv: dP^T)
 var<workgroup> lse_c: array<f32, select(1u, BC, BWD)>; // dK/dV: the block's queries
 var<workgroup> dvec_c: array<f32, select(1u, BC, BWD)>;
+// The forward's one pass: how far (in the exponent) a block's row max may pass the row's
+// running max before that max moves and O is rescaled; P stays under e^8 (about 3000).
+const RESCALE: f32 = 8.0;
 
 // Element (t, d) of head `bh` of a (B, H, T, D) view.
 fn at(view: vec4<u32>, bh: u32, t: u32, d: u32) -> u32 {
@@ -386,6 +400,20 @@ fn store_sc(acc: MC, r0: u32, c0: u32) {
     coopStoreT(acc, &sc[i], s);
 }
 
+fn load_sc(r0: u32, c0: u32) -> MC {
+    let i = r0 * SW + c0;
+    let s = SW;
+    return coopLoadT<MC>(&sc[i], s);
+}
+
+// The lane's part of its scratch row `row` (the FS columns of a fragment stored there) times f.
+fn scale_row(row: u32, part: u32, f: f32) {
+    let w = FS / LPR;
+    for (var j = 0u; j < w; j++) {
+        sc[row * SW + part * w + j] *= f;
+    }
+}
+
 fn store_sc2(acc: MC, r0: u32, c0: u32) {
     let i = r0 * SW2 + c0;
     let s = SW2;
@@ -547,6 +575,86 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 }
 
 // ------------------------------------------------------------------------------------------
+// Forward in one pass (attn_coop_fwd1): O and lse for ROWS queries, the row max kept stale.
+
+@compute @workgroup_size(WG)
+fn attn_coop_fwd1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32,
+                  @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
+    let bh = wid.y;
+    let q0 = (nwg.x - 1u - wid.x) * ROWS;
+    let r0 = sg * FS;                 // the subgroup's rows of the tiles
+    let row = r0 + lane / LPR;        // this lane's scratch row
+    let part = lane % LPR;
+    let qi = q0 + row;                // its query
+
+    // The first block of keys and values in flight while the subgroup's queries (scale * q)
+    // become fragments.
+    if (PREFETCH) {
+        fetch_k(bh, 0u, lid);
+        fetch_v(bh, 0u, lid);
+    }
+    stage_q(bh, q0, lid);
+    workgroupBarrier();
+    own_a(r0);
+    let keys = min(q0 + ROWS, p.t);
+    // (Computed here from the workgroup id: naga takes it as uniform, and cooperative
+    // operations need uniform control flow.)
+    let direct = q0 + ROWS <= p.t && p.d == DMAX && all(p.o % vec4<u32>(4u) == vec4<u32>());
+
+    // O = sum over the blocks of P v, P = exp(S - m) in f16 against the row's running max m,
+    // which moves (O's rows times exp(m_old - m_new)) only when a block's max passes it by
+    // more than RESCALE; l the sum of P; O / l at the end.
+    var m = NEG_BIG;
+    var l = 0.0;
+    zero_out();
+    for (var k0 = 0u; k0 < keys; k0 += BC) {
+        kv_block(bh, k0, keys, lid);
+        for (var c0 = 0u; c0 < BC; c0 += FS) {
+            s_only(r0, c0);
+        }
+        own_sync();
+        var mx = NEG_BIG;
+        for (var j = 0u; j < BW; j++) {
+            let c = part * BW + j;
+            mx = max(mx, select(NEG_BIG, sc[row * SW + c], k0 + c <= qi));
+        }
+        mx = row_max(mx);
+        // The first block holds key 0, so every row's max is finite after it (and O is still
+        // zero: nothing to rescale). (`|` and `&`: `||` and `&&` would branch.)
+        let moves = (k0 == 0u) | (mx > m + RESCALE);
+        let m_new = select(m, mx, moves);
+        var sum = 0.0;
+        for (var j = 0u; j < BW; j++) {
+            let c = part * BW + j;
+            let valid = k0 + c <= qi && qi < p.t;
+            let pc = select(0.0, exp(sc[row * SW + c] - m_new), valid);
+            sum += pc;
+            h_sh[PP_OFF + row * PS + c] = f16(pc);
+        }
+        let f = select(1.0, exp(m - m_new), moves);
+        l = l * f + row_sum(sum);
+        m = m_new;
+        own_sync();
+        // A subgroup whose rows' max moved rescales its own O rows (the same branch for all
+        // its lanes).
+        if (subgroupAny(moves & (k0 > 0u))) {
+            rescale_out(r0, row, part, f);
+        }
+        add_out(r0);
+    }
+    rescale_out(r0, row, part, select(0.0, 1.0 / l, l > 0.0));
+    if (direct) {
+        store_out(bh, q0, r0, p.o);
+    } else {
+        edge_store(bh, q0, r0, lane, p.o);
+    }
+    if (qi < p.t && part == 0u) {
+        out_b[bh * p.t + qi] = m + log(l);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
 // Backward: dQ, and dK with dV, in one dispatch. Workgroup x = 2 i + pass: pass 0 the dQ of
 // the i-th block of ROWS queries from the last (which have the most keys), pass 1 the dK and
 // dV of the i-th block of ROWS keys (the first have the most queries), so the longest of both
@@ -599,7 +707,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             for (var c0 = 0u; c0 < BC; c0 += FS) {
                 s_dp(r0, c0);
             }
-            workgroupBarrier();
+            own_sync();
             // dS = P (dP - D), P = exp(S - lse) on unmasked pairs; times scale, so that
             // dQ = (scale dS) k.
             for (var j = 0u; j < BW; j++) {
@@ -608,7 +716,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                 let pc = select(0.0, exp(sc[row * SW + c] - lse_i), valid);
                 h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec) * p.scale);
             }
-            workgroupBarrier();
+            own_sync();
             // dQ += (scale dS) k.
             add_out(r0);
         }
@@ -663,7 +771,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             for (var c0 = 0u; c0 < BC; c0 += FS) {
                 s_dp(r0, c0);
             }
-            workgroupBarrier();
+            own_sync();
             for (var j = 0u; j < BW; j++) {
                 let c = part * BW + j;
                 let qc = q0 + c;
@@ -672,7 +780,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                 h_sh[PP_OFF + row * PS + c] = f16(pc);
                 h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
             }
-            workgroupBarrier();
+            own_sync();
             // dK += dS^T (scale q), dV += P^T dO.
             add_out(r0);
             add_dv(r0);

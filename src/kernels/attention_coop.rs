@@ -31,6 +31,21 @@ pub static ATTN_COOP_FWD: KernelDesc = KernelDesc {
     params_size: PARAMS,
 };
 
+/// O (B, H, T, D), lse (B, H, T) <- q, k, v, in one pass over the keys (the row max kept stale,
+/// O rescaled where it moves): chosen over `ATTN_COOP_FWD` unless `WGRAD_ATTN_FWD=two`.
+pub static ATTN_COOP_FWD1: KernelDesc = KernelDesc {
+    name: "attn_coop_fwd1",
+    family: &FAMILY,
+    storage: &[
+        Access::ReadWrite, // O
+        Access::ReadWrite, // lse
+        Access::Read,      // q
+        Access::Read,      // k
+        Access::Read,      // v
+    ],
+    params_size: PARAMS,
+};
+
 /// dQ and dK (views of one buffer), dV (B, H, T, D) <- q, k, v, dO, lse, D (`ATTN_D`'s): both
 /// backward passes of `attention` in one dispatch, their workgroups side by side.
 pub static ATTN_COOP_BWD: KernelDesc = KernelDesc {
@@ -76,9 +91,11 @@ pub fn d_workgroups(rows: usize) -> u64 {
 /// KIND of `ATTN_COOP_BWD` in the WGSL.
 const KIND_BWD: u32 = 3;
 
-/// The kernel of `pass`: the backward passes share one (`ATTN_COOP_BWD`).
+/// The kernel of `pass`: the forward in one pass (in two with `WGRAD_ATTN_FWD=two`); the
+/// backward passes share one (`ATTN_COOP_BWD`).
 pub fn kernel(pass: Pass) -> &'static KernelDesc {
     match pass {
+        Pass::Forward if one_pass() => &ATTN_COOP_FWD1,
         Pass::Forward => &ATTN_COOP_FWD,
         Pass::Dq | Pass::Dkv => &ATTN_COOP_BWD,
     }
@@ -169,6 +186,27 @@ fn prefetches() -> bool {
 /// The default of `prefetches`.
 const PREFETCH: bool = true;
 
+/// The SYNC snippet: a subgroup waits for its own lanes, where it reads what they wrote of
+/// its own rows (scores, P, dS).
+const SYNC_SUBGROUP: &str = "fn own_sync() {\n    subgroupBarrier();\n}\n";
+/// The SYNC snippet that waits for the whole workgroup (`WGRAD_ATTN_SYNC=workgroup`).
+const SYNC_WORKGROUP: &str = "fn own_sync() {\n    workgroupBarrier();\n}\n";
+
+/// Whether `own_sync` waits for the subgroup alone. `WGRAD_ATTN_SYNC=workgroup` (a measurement
+/// switch) waits for the workgroup.
+fn subgroup_sync() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WGRAD_ATTN_SYNC").as_deref() != Ok("workgroup"))
+}
+
+/// Whether the forward runs one pass over the key blocks (`ATTN_COOP_FWD1`), O rescaled only
+/// where a row's max moves by more than the kernel's RESCALE, or two (`ATTN_COOP_FWD`: the row
+/// statistics, then O). `WGRAD_ATTN_FWD=two` (a measurement switch) runs two.
+fn one_pass() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WGRAD_ATTN_FWD").as_deref() != Ok("two"))
+}
+
 /// The forward's variant, or (`Pass::Dq` or `Pass::Dkv`) the backward kernel's: `acc_a`
 /// adds into dQ and dK instead of overwriting them, `acc_b` into dV.
 pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
@@ -188,6 +226,14 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
         .bool("ACC_DV", dv)
         .bool("PREFETCH", prefetches())
         .source("OWN", own_source(t.dmax / coop.fs, coop.fs))
+        .source(
+            "SYNC",
+            if subgroup_sync() {
+                SYNC_SUBGROUP
+            } else {
+                SYNC_WORKGROUP
+            },
+        )
 }
 
 /// The OWN snippet for `nf` fragments of `fs` columns across the head dim: the subgroup's own
@@ -309,6 +355,19 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         },
         "}",
     );
+    // The forward's O rows times the lane's row factor f: each fragment through the
+    // subgroup's own scratch rows and back (subgroup barriers: the subgroup's lanes alone take
+    // this branch).
+    func(
+        w,
+        "fn rescale_out(r0: u32, row: u32, part: u32, f: f32) {",
+        &|i, _| {
+            format!(
+                "    store_sc(acc{i}, r0, 0u);\n    subgroupBarrier();\n    scale_row(row, part, f);\n    subgroupBarrier();\n    acc{i} = load_sc(r0, 0u);\n    subgroupBarrier();"
+            )
+        },
+        "}",
+    );
     // On the edge of T or D: one fragment at a time through the subgroup's scratch rows.
     func(
         w,
@@ -350,6 +409,15 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
             };
             for &(a, b) in accs {
                 v.push((kernel(pass), spec(pass, t, coop, a, b)));
+            }
+            // The other forward too (the switch's), so that both are checked.
+            if pass == Pass::Forward {
+                let other = if one_pass() {
+                    &ATTN_COOP_FWD
+                } else {
+                    &ATTN_COOP_FWD1
+                };
+                v.push((other, spec(pass, t, coop, false, false)));
             }
         }
     }

@@ -136,12 +136,14 @@ pub struct Coop {
 
 impl Coop {
     /// What `gpu` offers, if anything: square f16 x f16 -> f32 fragments (16 preferred, then
-    /// 8) with subgroups of one size; None without the feature (or with it turned off through
+    /// 8) with subgroups of one size and subgroup barriers (attention's subgroups sync on their
+    /// own rows); None without the feature (or with it turned off through
     /// WGRAD_DISABLE_FEATURES=cooperative_matrix).
     pub fn available(gpu: &crate::device::Gpu) -> Option<Coop> {
         use wgpu::CooperativeScalarType as S;
         if !gpu.has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
             || !gpu.has(wgpu::Features::SUBGROUP)
+            || !gpu.has(wgpu::Features::SUBGROUP_BARRIER)
             || gpu.info.subgroup_min_size != gpu.info.subgroup_max_size
         {
             return None;
