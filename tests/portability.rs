@@ -225,7 +225,7 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
         2 * (4 * (2 * 3 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + (6 * 6 + 4 * 4 + 2 * 4 * 6))
             + 4 * 2 * 2 * (6 + 3 * 4)
             + 4 * (2 * 2 * (6 + 4 * 4) + 3 * (6 + 3 * 4))
-            + 3 * 4
+            + 3 * 3
             + 1
             + 2
             + 4 * (2 * 4 * 4 + 4))
@@ -240,8 +240,8 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
          split products summed in their dispatch: 4 tiles x the paired accesses of the 5 type sets \
          x (acc x plain and bias, and with an f32 C acc x column sums and the residual not \
          accumulating); \
-         attention: 3 head dims x 4 (the forward in one pass and in two, the backward adding into \
-         its outputs or not), and its D; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
+         attention: 3 head dims x 3 (the forward, the backward adding into its outputs or not), and \
+         its D; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
          paired accesses of f32 operands x (3 epilogues and column sums), and the residual not \
          accumulating)); and on 16 x 16 fragments, C stored in vectors through the scratch tile: \
          4 tiles x (acc x (3 epilogues, and GELU with `pre` in vectors) x the paired accesses of \

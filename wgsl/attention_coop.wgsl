@@ -23,13 +23,13 @@
 // operands (q; q and dO; k and v) in fragments (the OWN snippet), so the tiles take little
 // workgroup memory and two workgroups share a core (NVIDIA's Vulkan driver gives a core about
 // 48 KiB of workgroup memory in all; PROFILING.md).
-// The forward (attn_coop_fwd1) runs one pass over the key blocks with the softmax's row max
-// kept stale: a block's P = exp(S - m) against the row's running max m, which moves only when a
-// block's max passes it by more than RESCALE (P stays under e^RESCALE, well inside f16). Only
-// then does a subgroup rescale its O rows (through its scratch rows), and once at the end by
-// 1 / l; a row's max settles within its first blocks, so O rarely leaves the accumulators.
-// attn_coop_fwd (the launcher's switch) runs two passes instead: the first takes each query's
-// row max and sum (S only), the second P = exp(S - lse), already normalized, and O += P v.
+// The forward runs one pass over the key blocks with the softmax's row max kept stale: a
+// block's P = exp(S - m) against the row's running max m, which moves only when a block's max
+// passes it by more than RESCALE (P stays under e^RESCALE, well inside f16). Only then does a
+// subgroup rescale its O rows (through its scratch rows), and once at the end by 1 / l; a
+// row's max settles within its first blocks, so O rarely leaves the accumulators (it replaced
+// two passes, the row statistics from S alone and then O += P v with P normalized, that kept O
+// in the accumulators by repeating S; PROFILING.md).
 // Within a block a subgroup's scores, P and dS are its own rows of the scratch and the tiles, so
 // it waits for its own lanes alone there (`own_sync`, the SYNC snippet: a subgroup barrier, or
 // the workgroup's to measure); the blocks' shared tiles are behind workgroup barriers.
@@ -280,7 +280,7 @@ fn put_nx1(view: vec4<u32>, bh: u32, row0: u32, off: u32, lid: u32) {
 
 // The block of keys and values from k0 into the tiles (from the registers, once the previous
 // block, or the own rows, is done with them), and the next block's loads issued (none after
-// the last block before `keys`): the forward's second pass and dQ.
+// the last block before `keys`): the forward and dQ.
 fn kv_block(bh: u32, k0: u32, keys: u32, lid: u32) {
     if (!PREFETCH) {
         fetch_k(bh, k0, lid);
@@ -485,102 +485,13 @@ fn edge_out(which: u32, view: vec4<u32>, acc: bool, bh: u32, row0: u32, r0: u32,
 }
 
 // ------------------------------------------------------------------------------------------
-// Forward: O and lse for ROWS queries, in two passes over the blocks of keys.
+// Forward: O and lse for ROWS queries, in one pass over the blocks of keys, the row max kept
+// stale.
 
 @compute @workgroup_size(WG)
 fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32,
                  @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
-    let bh = wid.y;
-    let q0 = (nwg.x - 1u - wid.x) * ROWS;
-    let r0 = sg * FS;                 // the subgroup's rows of the tiles
-    let row = r0 + lane / LPR;        // this lane's scratch row
-    let part = lane % LPR;
-    let qi = q0 + row;                // its query
-
-    // The first block of keys in flight while the subgroup's queries (scale * q) become
-    // fragments.
-    if (PREFETCH) {
-        fetch_k(bh, 0u, lid);
-    }
-    stage_q(bh, q0, lid);
-    workgroupBarrier();
-    own_a(r0);
-    let keys = min(q0 + ROWS, p.t);
-
-    // Pass 1: the row max m and sum l of exp(s - m) over the row's keys (l rescaled as m grows).
-    var m = NEG_BIG;
-    var l = 0.0;
-    for (var k0 = 0u; k0 < keys; k0 += BC) {
-        if (!PREFETCH) {
-            fetch_k(bh, k0, lid);
-        }
-        workgroupBarrier(); // h_sh: the previous block (or the own rows) is done with it
-        put_nx0(p.k, bh, k0, K_OFF, 1.0, lid);
-        workgroupBarrier();
-        // The next block in flight; after the last, pass 2's first (k and v).
-        if (PREFETCH && k0 + BC < keys) {
-            fetch_k(bh, k0 + BC, lid);
-        } else if (PREFETCH) {
-            fetch_k(bh, 0u, lid);
-            fetch_v(bh, 0u, lid);
-        }
-        for (var c0 = 0u; c0 < BC; c0 += FS) {
-            s_only(r0, c0);
-        }
-        workgroupBarrier();
-        var mx = m;
-        for (var j = 0u; j < BW; j++) {
-            let c = part * BW + j;
-            mx = max(mx, select(NEG_BIG, sc[row * SW + c], k0 + c <= qi));
-        }
-        mx = row_max(mx);
-        var sum = 0.0;
-        for (var j = 0u; j < BW; j++) {
-            let c = part * BW + j;
-            sum += select(0.0, exp(sc[row * SW + c] - mx), k0 + c <= qi);
-        }
-        l = l * exp(m - mx) + row_sum(sum);
-        m = mx;
-    }
-    let lse_i = m + log(l);
-
-    // Pass 2: O = sum over the blocks of P v, P = exp(s - lse) in f16.
-    // (Computed here from the workgroup id: naga takes it as uniform, and cooperative
-    // operations need uniform control flow.)
-    let direct = q0 + ROWS <= p.t && p.d == DMAX && all(p.o % vec4<u32>(4u) == vec4<u32>());
-    zero_out();
-    for (var k0 = 0u; k0 < keys; k0 += BC) {
-        kv_block(bh, k0, keys, lid);
-        for (var c0 = 0u; c0 < BC; c0 += FS) {
-            s_only(r0, c0);
-        }
-        workgroupBarrier();
-        for (var j = 0u; j < BW; j++) {
-            let c = part * BW + j;
-            let valid = k0 + c <= qi && qi < p.t;
-            h_sh[PP_OFF + row * PS + c] = f16(select(0.0, exp(sc[row * SW + c] - lse_i), valid));
-        }
-        workgroupBarrier();
-        add_out(r0);
-    }
-    if (direct) {
-        store_out(bh, q0, r0, p.o);
-    } else {
-        edge_store(bh, q0, r0, lane, p.o);
-    }
-    if (qi < p.t && part == 0u) {
-        out_b[bh * p.t + qi] = lse_i;
-    }
-}
-
-// ------------------------------------------------------------------------------------------
-// Forward in one pass (attn_coop_fwd1): O and lse for ROWS queries, the row max kept stale.
-
-@compute @workgroup_size(WG)
-fn attn_coop_fwd1(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32,
-                  @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let bh = wid.y;
     let q0 = (nwg.x - 1u - wid.x) * ROWS;
     let r0 = sg * FS;                 // the subgroup's rows of the tiles

@@ -17,24 +17,10 @@ pub static FAMILY: Family = Family {
 
 const PARAMS: u64 = std::mem::size_of::<AttentionParams>() as u64;
 
-/// O (B, H, T, D), lse (B, H, T) <- q, k, v.
+/// O (B, H, T, D), lse (B, H, T) <- q, k, v, in one pass over the keys (the row max kept stale,
+/// O rescaled where it moves).
 pub static ATTN_COOP_FWD: KernelDesc = KernelDesc {
     name: "attn_coop_fwd",
-    family: &FAMILY,
-    storage: &[
-        Access::ReadWrite, // O
-        Access::ReadWrite, // lse
-        Access::Read,      // q
-        Access::Read,      // k
-        Access::Read,      // v
-    ],
-    params_size: PARAMS,
-};
-
-/// O (B, H, T, D), lse (B, H, T) <- q, k, v, in one pass over the keys (the row max kept stale,
-/// O rescaled where it moves): chosen over `ATTN_COOP_FWD` unless `WGRAD_ATTN_FWD=two`.
-pub static ATTN_COOP_FWD1: KernelDesc = KernelDesc {
-    name: "attn_coop_fwd1",
     family: &FAMILY,
     storage: &[
         Access::ReadWrite, // O
@@ -91,11 +77,9 @@ pub fn d_workgroups(rows: usize) -> u64 {
 /// KIND of `ATTN_COOP_BWD` in the WGSL.
 const KIND_BWD: u32 = 3;
 
-/// The kernel of `pass`: the forward in one pass (in two with `WGRAD_ATTN_FWD=two`); the
-/// backward passes share one (`ATTN_COOP_BWD`).
+/// The kernel of `pass`: the backward passes share one (`ATTN_COOP_BWD`).
 pub fn kernel(pass: Pass) -> &'static KernelDesc {
     match pass {
-        Pass::Forward if one_pass() => &ATTN_COOP_FWD1,
         Pass::Forward => &ATTN_COOP_FWD,
         Pass::Dq | Pass::Dkv => &ATTN_COOP_BWD,
     }
@@ -197,14 +181,6 @@ const SYNC_WORKGROUP: &str = "fn own_sync() {\n    workgroupBarrier();\n}\n";
 fn subgroup_sync() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("WGRAD_ATTN_SYNC").as_deref() != Ok("workgroup"))
-}
-
-/// Whether the forward runs one pass over the key blocks (`ATTN_COOP_FWD1`), O rescaled only
-/// where a row's max moves by more than the kernel's RESCALE, or two (`ATTN_COOP_FWD`: the row
-/// statistics, then O). `WGRAD_ATTN_FWD=two` (a measurement switch) runs two.
-fn one_pass() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("WGRAD_ATTN_FWD").as_deref() != Ok("two"))
 }
 
 /// The forward's variant, or (`Pass::Dq` or `Pass::Dkv`) the backward kernel's: `acc_a`
@@ -409,15 +385,6 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
             };
             for &(a, b) in accs {
                 v.push((kernel(pass), spec(pass, t, coop, a, b)));
-            }
-            // The other forward too (the switch's), so that both are checked.
-            if pass == Pass::Forward {
-                let other = if one_pass() {
-                    &ATTN_COOP_FWD
-                } else {
-                    &ATTN_COOP_FWD1
-                };
-                v.push((other, spec(pass, t, coop, false, false)));
             }
         }
     }
