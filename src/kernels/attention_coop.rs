@@ -129,7 +129,7 @@ pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Opti
     // memory; PROFILING.md). DistilGPT-2 at 4 x 128 on an H200, 2026-11-24: 2 x 16 ran the
     // forward in 32 us against 36 (4 x 16) but dQ in 42 against 36, 1 x 16 slower still.
     let candidates: &[(u32, u32)] = &[(4, 16), (2, 16), (1, 16)];
-    forced_tile()
+    forced_tile(pass)
         .into_iter()
         .chain(candidates.iter().copied())
         .map(|(sg, bc)| Tile { sg, bc, dmax })
@@ -141,15 +141,30 @@ pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Opti
         })
 }
 
-/// `WGRAD_ATTN_TILE=SGxBC` (e.g. `4x32`) tries that blocking first, where it fits (a
-/// measurement switch).
-fn forced_tile() -> Option<(u32, u32)> {
-    static FORCED: std::sync::OnceLock<Option<(u32, u32)>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| {
-        let s = std::env::var("WGRAD_ATTN_TILE").ok()?;
-        let (sg, bc) = s.split_once('x')?;
-        Some((sg.parse().ok()?, bc.parse().ok()?))
-    })
+/// `WGRAD_ATTN_TILE=SGxBC` (e.g. `4x32`) tries that blocking first for every pass, where it
+/// fits; `fwd=SGxBC` or `bwd=SGxBC` (or both, comma-separated) for the forward or the backward
+/// alone (a measurement switch).
+fn forced_tile(pass: Pass) -> Option<(u32, u32)> {
+    static FORCED: std::sync::OnceLock<[Option<(u32, u32)>; 2]> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        let Ok(s) = std::env::var("WGRAD_ATTN_TILE") else {
+            return [None; 2];
+        };
+        let tile = |t: &str| {
+            let (sg, bc) = t.split_once('x')?;
+            Some((sg.parse().ok()?, bc.parse().ok()?))
+        };
+        let mut out = [None; 2];
+        for part in s.split(',') {
+            match part.split_once('=') {
+                Some(("fwd", t)) => out[0] = tile(t),
+                Some(("bwd", t)) => out[1] = tile(t),
+                _ => out = [tile(part); 2],
+            }
+        }
+        out
+    });
+    forced[(pass != Pass::Forward) as usize]
 }
 
 /// Whether a block's loads are issued while the block before it works (into registers held
