@@ -74,10 +74,12 @@ fn autocast_attention_matches_the_f32_reference() -> Result<()> {
     Ok(())
 }
 
-/// Scores that grow along the keys, so a row's max passes its running max by more than the
-/// forward's RESCALE (8) in later blocks of 16 keys (O's rows rescaled; a slope of 12 moves it
-/// by about 12 a block at T = 130) or by less (a stale max: P above 1; slope 3): O, and the
-/// gradients, which read the forward's lse, against the reference.
+/// Scores that grow along the keys, s(i, j) about 8 slope j / T, so from block to block of 16
+/// keys a row's max rises by about 128 slope / T: by more than the forward's RESCALE (8) at
+/// slopes 12 (T = 130) and 20 (T = 200), so every block moves it and O's rows are rescaled; by
+/// about 3 at slope 3 (a stale max, P above 1, moving every third block); a slope of -6 never
+/// moves it after the first block. O, and the gradients, which read the forward's lse, against
+/// the reference.
 #[test]
 fn autocast_attention_with_scores_that_grow_along_the_keys() -> Result<()> {
     let d = dev();
@@ -89,8 +91,8 @@ fn autocast_attention_with_scores_that_grow_along_the_keys() -> Result<()> {
     ] {
         let [b, h, t, hd] = shape;
         let mut r = rng(&format!("amp attention growing {shape:?} {slope}"));
-        // x is (B, T, 3, H, D): q = 1 + u, k = u + slope t / T, v = u, u in [-0.5, 0.5], so
-        // s(i, j) is about slope * j / T * D / sqrt(D) (plus noise).
+        // x is (B, T, 3, H, D): q = 1 + u, k = u + slope (8 / sqrt(D)) t / T, v = u, u in
+        // [-0.5, 0.5], so s(i, j) = q . k / sqrt(D) is about 8 slope j / T (plus noise).
         let mut x = Arr::rand(&mut r, &[b, t, 3 * h * hd], -0.5, 0.5);
         let scale = 8.0 / (hd as f64).sqrt();
         for (i, e) in x.data.iter_mut().enumerate() {

@@ -33,10 +33,14 @@
 // Within a block a subgroup's scores, P and dS are its own rows of the scratch and the tiles, so
 // it waits for its own lanes alone there (`own_sync`, the SYNC snippet: a subgroup barrier, or
 // the workgroup's to measure); the blocks' shared tiles are behind workgroup barriers.
-// Before a cooperative operation no lane branches on its own: a first one-pass forward with a
-// lane's branch there (one lane storing a flag) and `||` / `&&` computed wrong outputs on
-// NVIDIA's driver, and so did the two passes beside it in one entry point, its branch never
-// taken; without those branches it is right (PROFILING.md).
+// The forward's rescale decision takes no branch of a lane's own (`|`, `&`, `select` and the
+// subgroup's vote): a first one-pass forward with one (one lane storing a workgroup flag) and
+// with `||` / `&&` in that decision computed wrong outputs on NVIDIA's driver, and so did the
+// two passes beside it in one entry point, its branch never taken; which construct did it was
+// not found (PROFILING.md). The subgroup barriers rely on a subgroup's own workgroup-memory
+// stores being visible to its lanes after one, which the SPIR-V naga writes (subgroup memory
+// semantics) does not promise; NVIDIA's Vulkan driver was checked (tests on an H100), and
+// naga's MSL orders threadgroup memory there.
 // With PREFETCH a block's rows of the other side are in flight while the block before it works:
 // each lane loads its share of the next block into registers (`fetch_*`) right after the current
 // block is stored into the tiles, and stores it (`put_*`) once the current block is done with
@@ -96,8 +100,9 @@ const DS: u32 = DMAX + 8u;                 // tile row stride (halves)
 const PS: u32 = BC + 8u;                   // P / dS row stride (halves)
 // Scratch row strides (f32), padded by 4 words: the LPR lanes of a row read consecutive words
 // and the rows of a fragment fall in different banks (an unpadded stride of 32 or 64 words put
-// all 16 rows of a fragment in one bank). Only scores go through it (and, on the edge of T or
-// D, one output fragment at a time).
+// all 16 rows of a fragment in one bank). Scores go through it, and output fragments one at a
+// time: on the edge of T or D, and the forward's O where a subgroup rescales it (`rescale_out`:
+// where a row's max moves, and once at the end by 1 / l).
 const SW: u32 = BC + 4u;
 const SW2: u32 = BC + 4u;
 const BW: u32 = BC / LPR;                  // a lane's columns of a [row][BC] block
@@ -445,11 +450,13 @@ fn row_sum(x: f32) -> f32 {
 // its S and dP fragments (S^T and dP^T for dK/dV); `add_out(r0)` adds the block's product
 // into the first output (P v; scale dS k; dS^T (scale q)), `add_dv(r0)` P^T dO into dV;
 // `zero_out()`, `load_out`, `store_out` and `edge_store` (the first output, through the view
-// passed) and `load_dv`, `store_dv`, `edge_dv` begin and end them; `b_out` picks the forward's
-// or the backward's operand. A workgroup whose rows are all inside T,
-// with D = DMAX and the output views on 16-byte boundaries, loads (when accumulating) and
-// stores its accumulators straight from and to the outputs (`direct`); otherwise each output
-// fragment passes the subgroup's scratch rows and its lanes write what is inside T and D.
+// passed) and `load_dv`, `store_dv`, `edge_dv` begin and end them; `rescale_out(r0, row, part,
+// f)` multiplies the forward's O rows by each lane's row factor through the subgroup's scratch
+// rows; `b_out` picks the forward's or the backward's operand. A workgroup whose rows are all
+// inside T, with D = DMAX and the output views on 16-byte boundaries, loads (when
+// accumulating) and stores its accumulators straight from and to the outputs (`direct`);
+// otherwise each output fragment passes the subgroup's scratch rows and its lanes write what
+// is inside T and D.
 
 // Whether the first output (O, dQ or dK) is accumulated into (O never is; the launcher sets
 // ACC_DQ and ACC_DK together).
@@ -532,13 +539,13 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         mx = row_max(mx);
         // The first block holds key 0, so every row's max is finite after it (and O is still
-        // zero: nothing to rescale). (`|` and `&`: `||` and `&&` would branch.)
+        // zero: nothing to rescale). (`|` and `&`: naga makes `||` and `&&` branches.)
         let moves = (k0 == 0u) | (mx > m + RESCALE);
         let m_new = select(m, mx, moves);
         var sum = 0.0;
         for (var j = 0u; j < BW; j++) {
             let c = part * BW + j;
-            let valid = k0 + c <= qi && qi < p.t;
+            let valid = (k0 + c <= qi) & (qi < p.t);
             let pc = select(0.0, exp(sc[row * SW + c] - m_new), valid);
             sum += pc;
             h_sh[PP_OFF + row * PS + c] = f16(pc);

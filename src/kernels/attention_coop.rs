@@ -142,8 +142,9 @@ pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Opti
 }
 
 /// `WGRAD_ATTN_TILE=SGxBC` (e.g. `4x32`) tries that blocking first for every pass, where it
-/// fits; `fwd=SGxBC` or `bwd=SGxBC` (or both, comma-separated) for the forward or the backward
-/// alone (a measurement switch).
+/// fits; `fwd=SGxBC` or `bwd=SGxBC` (comma-separated, beside a bare one or not) for the forward
+/// or the backward alone (a measurement switch). An entry that does not parse is reported on
+/// stderr and left out.
 fn forced_tile(pass: Pass) -> Option<(u32, u32)> {
     static FORCED: std::sync::OnceLock<[Option<(u32, u32)>; 2]> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| {
@@ -154,15 +155,23 @@ fn forced_tile(pass: Pass) -> Option<(u32, u32)> {
             let (sg, bc) = t.split_once('x')?;
             Some((sg.parse().ok()?, bc.parse().ok()?))
         };
-        let mut out = [None; 2];
-        for part in s.split(',') {
-            match part.split_once('=') {
-                Some(("fwd", t)) => out[0] = tile(t),
-                Some(("bwd", t)) => out[1] = tile(t),
-                _ => out = [tile(part); 2],
+        let (mut both, mut fwd, mut bwd) = (None, None, None);
+        for part in s.split(',').map(str::trim) {
+            let (slot, t) = match part.split_once('=') {
+                Some(("fwd", t)) => (&mut fwd, t),
+                Some(("bwd", t)) => (&mut bwd, t),
+                None => (&mut both, part),
+                Some(_) => {
+                    eprintln!("WGRAD_ATTN_TILE: `{part}` is not SGxBC, fwd=SGxBC or bwd=SGxBC");
+                    continue;
+                }
+            };
+            match tile(t) {
+                Some(v) => *slot = Some(v),
+                None => eprintln!("WGRAD_ATTN_TILE: `{part}`: not SGxBC (e.g. 4x16)"),
             }
         }
-        out
+        [fwd.or(both), bwd.or(both)]
     });
     forced[(pass != Pass::Forward) as usize]
 }

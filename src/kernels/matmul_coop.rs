@@ -137,8 +137,8 @@ pub struct Coop {
 impl Coop {
     /// What `gpu` offers, if anything: square f16 x f16 -> f32 fragments (16 preferred, then
     /// 8) with subgroups of one size and subgroup barriers (attention's subgroups sync on their
-    /// own rows); None without the feature (or with it turned off through
-    /// WGRAD_DISABLE_FEATURES=cooperative_matrix).
+    /// own rows); None without them (or with them turned off through
+    /// WGRAD_DISABLE_FEATURES=cooperative_matrix or subgroup_barrier).
     pub fn available(gpu: &crate::device::Gpu) -> Option<Coop> {
         use wgpu::CooperativeScalarType as S;
         if !gpu.has(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
