@@ -1,8 +1,9 @@
 // Fused causal self-attention on cooperative matrices (tensor cores), forward and backward:
 // the mixed-precision counterpart of attention.wgsl (same Params and FlashAttention-2
-// algorithm; read that file's header for the math). The products
-// q k^T, P v, dO v^T, dS k, P^T dO and dS^T q run on f16 fragments with f32 accumulation; the
-// softmax, its statistics (m, l, lse), D and every accumulated output stay f32.
+// algorithm, the forward's row max kept stale as below; read that file's header for the math).
+// The products q k^T, P v, dO v^T, dS k, P^T dO and dS^T q run on f16 fragments with f32
+// accumulation; the softmax, its statistics (m, l, lse), D and every accumulated output stay
+// f32.
 //
 // Memory: q, k, v, dO are (B, H, T, D) f32 views read 4 elements at a time (the launcher
 // checks that D, every offset and every stride are multiples of 4); O, dQ, dK, dV are written

@@ -1,9 +1,9 @@
 //! Launcher of `wgsl/attention_coop.wgsl`: fused causal attention on cooperative matrices, the
-//! mixed-precision counterpart of `attention` (same params and algorithm; f16 products, f32
-//! softmax and accumulation; its backward is one dispatch of both passes after
-//! `wgsl/attention_d.wgsl`'s D). Chosen for an autocast forward on adapters with cooperative
-//! matrices, when D and every view's offset and strides are multiples of 4 (the kernels read q,
-//! k, v, dO four elements at a time).
+//! mixed-precision counterpart of `attention` (same params and algorithm, the forward in one
+//! pass with its row max kept stale; f16 products, f32 softmax and accumulation; its backward
+//! is one dispatch of both passes after `wgsl/attention_d.wgsl`'s D). Chosen for an autocast
+//! forward on adapters with cooperative matrices, when D and every view's offset and strides
+//! are multiples of 4 (the kernels read q, k, v, dO four elements at a time).
 
 use super::attention::{AttentionParams, Pass, HEAD_DIMS};
 use super::matmul_coop::Coop;
