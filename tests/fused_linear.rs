@@ -788,3 +788,81 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
     }
     Ok(())
 }
+
+/// GELU's tanh approximation and its derivative, in f64.
+fn gelu_and_grad(z: f64) -> (f64, f64) {
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    let t = (c * (z + 0.044715 * z * z * z)).tanh();
+    let dt = (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * z * z);
+    (0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * dt)
+}
+
+/// Under autocast a GELU linear's dz = g gelu'(z) is stored f16: its products round it to f16
+/// as they load it (so dx and dW are those of the rounded dz, as before), and the bias gradient
+/// sums its f16 values in f32. Against f64 at shapes whose db comes from the dW product (up to
+/// 1,024 rows) or from a reduction (more); in f32 dz stays f32. Then a seed whose dz is not an
+/// f16 value (z = 0: dz = g / 2 = 0.5 + 3 2^-14, which f16 rounds to 0.5) over 1,100 rows: db
+/// is 550, not the unrounded 550.2.
+#[test]
+fn an_autocast_gelu_linear_stores_dz_in_f16() -> Result<()> {
+    use wgrad::ops::autocast;
+    let d = dev();
+    let mut r = rng("gelu linear dz f16");
+    let halves = halves(d);
+    for (rows, k, n) in [(300, 24, 40), (1100, 16, 36), (65, 13, 20)] {
+        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+        let bs = rand_vec(&mut r, n, -0.5, 0.5);
+        let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
+        for &half in halves {
+            let (x64, w64) = (round(&xs, half), round(&ws, half));
+            let mut want_dx = vec![0.0; rows * k];
+            let mut want_dw = vec![0.0; k * n];
+            let mut want_db = vec![0.0; n];
+            for row in 0..rows {
+                for j in 0..n {
+                    let z: f64 = bs[j] as f64
+                        + (0..k)
+                            .map(|i| x64[row * k + i] * w64[i * n + j])
+                            .sum::<f64>();
+                    let dz = gs[row * n + j] as f64 * gelu_and_grad(z).1;
+                    let dz = round(&[dz as f32], half)[0];
+                    want_db[j] += dz;
+                    for i in 0..k {
+                        want_dx[row * k + i] += dz * w64[i * n + j];
+                        want_dw[i * n + j] += x64[row * k + i] * dz;
+                    }
+                }
+            }
+            let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
+            let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
+            let b = Tensor::from_slice(d, &bs, &[n])?.requires_grad();
+            let y = autocast(half, || x.linear(&w, Some(&b), Activation::Gelu))?;
+            y.backward_with(&Tensor::from_slice(d, &gs, &[rows, n])?)?;
+            let got = grads(&[x, w, b])?;
+            let what = format!("{rows}x{k}x{n}{}", if half { ", autocast" } else { "" });
+            let tol = if half { 2e-3 } else { 1e-4 };
+            assert_close(&got[0], &want_dx, tol, &format!("dx, {what}"));
+            assert_close(&got[1], &want_dw, tol, &format!("dW, {what}"));
+            assert_close(&got[2], &want_db, tol, &format!("db, {what}"));
+        }
+    }
+    if halves.contains(&true) {
+        let (rows, k, n) = (1100, 8, 16);
+        let x = Tensor::zeros(d, &[rows, k])?;
+        let w = Tensor::from_slice(d, &rand_vec(&mut r, k * n, -0.5, 0.5), &[k, n])?;
+        let b = Tensor::zeros(d, &[n])?.requires_grad();
+        let w = w.requires_grad();
+        let g = 1.0 + 3.0 * 2f32.powi(-13);
+        let y = autocast(true, || x.linear(&w, Some(&b), Activation::Gelu))?;
+        y.backward_with(&Tensor::full(d, &[rows, n], g)?)?;
+        let want = vec![0.5 * rows as f64; n];
+        assert_close(
+            &b.grad().expect("reached").to_vec()?,
+            &want,
+            1e-6,
+            "db of f16 dz",
+        );
+    }
+    Ok(())
+}

@@ -5,10 +5,13 @@
 // from i's coordinates in `shape` times each operand's strides (0 on broadcast dims) plus its
 // offset, so the output may be a view too (a gradient routed into a slice); otherwise every
 // operand is contiguous and V may be vec4<f32> (numel then counts vec4s): the vectorized path.
-// ACC adds into the output instead of overwriting it (gradient accumulation in place).
+// ACC adds into the output instead of overwriting it (gradient accumulation in place). The
+// output's elements are VO: V, or its f16 form (f16 or vec4<f16>), each value rounded once as
+// it is stored (a gradient that f16 products read next, under autocast).
 //
 // Workgroup mapping: 256 threads, one element each; linear workgroup = wid.y * nwg.x + wid.x.
-// Specialization: OP (the operation), V (f32 or vec4<f32>), STRIDED, ACC.
+// Specialization: OP (the operation), V (f32 or vec4<f32>), VO (V or its f16 form), STRIDED,
+// ACC.
 
 struct Params {
     numel: u32,
@@ -24,7 +27,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> out: array<V>;
+@group(0) @binding(1) var<storage, read_write> out: array<VO>;
 @group(0) @binding(2) var<storage, read> a: array<V>;
 @group(0) @binding(3) var<storage, read> b: array<V>;
 @group(0) @binding(4) var<storage, read> c: array<V>;
@@ -51,9 +54,9 @@ fn operand_offsets(i: u32) -> vec4<u32> {
 
 fn store(o: u32, v: V) {
     if (ACC) {
-        out[o] = out[o] + v;
+        out[o] = VO(V(out[o]) + v);
     } else {
-        out[o] = v;
+        out[o] = VO(v);
     }
 }
 
@@ -218,5 +221,5 @@ fn fill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let i = linear_index(wid, nwg, lid);
     if (i >= p.numel) { return; }
     let o = operand_offsets(i);
-    out[o.w] = V(p.scalar);
+    out[o.w] = VO(V(p.scalar));
 }

@@ -14,6 +14,8 @@
 //   n_groups*256 vectors, component by component.
 //
 // Specialization: OP (0 sum, 1 max, 2 min), ACC (add into the output: gradient accumulation).
+// X: the input's elements for reduce_dims, reduce_partial and reduce_cols (f32, or f16 for a
+// gradient stored f16 under autocast), folded in f32.
 
 struct Params {
     out_numel: u32,
@@ -36,7 +38,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<f32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> x: array<X>;
 
 // OP 3 (sum of squares) folds v * v (the squared norm of gradients, for clipping); its
 // partial results then combine as a sum.
@@ -105,7 +107,7 @@ fn reduce_dims(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let base = kept_offset(o);
     var acc = identity();
     for (var r = lanes.lid; r < p.red_numel; r += RED_WG) {
-        acc = fold(acc, x[base + reduced_offset(r)]);
+        acc = fold(acc, f32(x[base + reduced_offset(r)]));
     }
     acc = wg_reduce(acc, lanes, COMBINE);
     if (lanes.lid == 0u) {
@@ -121,9 +123,9 @@ fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, lanes: Lanes) {
     let flat = p.rank == 1u && p.strides[0][0] == 1u;
     for (var i = g * RED_WG + lanes.lid; i < p.numel; i += p.n_groups * RED_WG) {
         if (flat) {
-            acc = fold(acc, x[p.in_offset + i]);
+            acc = fold(acc, f32(x[p.in_offset + i]));
         } else {
-            acc = fold(acc, x[kept_offset(i)]);
+            acc = fold(acc, f32(x[kept_offset(i)]));
         }
     }
     acc = wg_reduce(acc, lanes, COMBINE);
@@ -152,7 +154,7 @@ fn reduce_cols(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     if (c < p.out_numel) {
         let base = p.in_offset + c * p.strides[0][0];
         for (var r = r0 + phase; r < r1; r += RED_WG / COL_LANES) {
-            acc = fold(acc, x[base + r * p.red_strides[0][0]]);
+            acc = fold(acc, f32(x[base + r * p.red_strides[0][0]]));
         }
     }
     col_part[lid] = acc;

@@ -195,14 +195,28 @@ pub mod ternary {
 /// The specialization of an elementwise kernel: op code; the vectorized contiguous path
 /// (`vec4`) or the strided scalar path; overwrite or accumulate (`acc`) into the output.
 pub fn spec(op: u32, vec4: bool, acc: bool) -> Spec {
+    spec_out(op, vec4, acc, false)
+}
+
+/// `spec` with the output stored as f16 (`f16_out`): the kernel computes in f32 and rounds
+/// each value once as it stores it.
+pub fn spec_out(op: u32, vec4: bool, acc: bool, f16_out: bool) -> Spec {
+    let ty = |f16: bool| match (vec4, f16) {
+        (true, false) => "vec4<f32>",
+        (true, true) => "vec4<f16>",
+        (false, false) => "f32",
+        (false, true) => "f16",
+    };
     Spec::new()
         .u32("OP", op)
-        .ty("V", if vec4 { "vec4<f32>" } else { "f32" })
+        .ty("V", ty(false))
+        .ty("VO", ty(f16_out))
         .bool("STRIDED", !vec4)
         .bool("ACC", acc)
 }
 
-pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
+/// Every variant; the f16 outputs where the adapter has shader-f16 (`f16`).
+pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for vec4 in [false, true] {
         for acc in [false, true] {
@@ -217,6 +231,11 @@ pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
             }
         }
         v.push((&FILL, spec(0, vec4, false)));
+        if f16 {
+            // GELU's gradient under autocast, stored f16 for the products that read it.
+            let gelu = ternary::unary_backward(UnaryOp::Gelu);
+            v.push((&TERNARY, spec_out(gelu, vec4, false, true)));
+        }
     }
     v
 }

@@ -506,8 +506,8 @@ fn compile(
 /// MSL and HLSL by the portability test.
 pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
-    v.extend(elementwise::variants());
-    v.extend(reduce::variants());
+    v.extend(elementwise::variants(f16));
+    v.extend(reduce::variants(f16));
     v.extend(softmax::variants());
     v.extend(matmul::variants(f16));
     v.extend(gather::variants());

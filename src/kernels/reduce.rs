@@ -112,10 +112,19 @@ impl ReduceOp {
 
 /// `acc`: add into the output (gradient accumulation) instead of overwriting it.
 pub fn spec(op: ReduceOp, acc: bool) -> Spec {
-    Spec::new().u32("OP", op as u32).bool("ACC", acc)
+    spec_in(op, acc, false)
 }
 
-pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
+/// `spec` over an f16 input (`f16_in`: `reduce_dims` and `reduce_cols`, folded in f32).
+pub fn spec_in(op: ReduceOp, acc: bool, f16_in: bool) -> Spec {
+    Spec::new()
+        .u32("OP", op as u32)
+        .bool("ACC", acc)
+        .ty("X", if f16_in { "f16" } else { "f32" })
+}
+
+/// Every variant; the f16 inputs where the adapter has shader-f16 (`f16`).
+pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for op in [
         ReduceOp::Sum,
@@ -129,6 +138,11 @@ pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
             v.push((&REDUCE_PARTIAL_VEC4, spec(op, acc)));
             v.push((&REDUCE_COLS, spec(op, acc)));
         }
+    }
+    // Sums of f16 gradients under autocast (a linear's bias gradient from its f16 dz).
+    for acc in [false, true].into_iter().filter(|_| f16) {
+        v.push((&REDUCE_DIMS, spec_in(ReduceOp::Sum, acc, true)));
+        v.push((&REDUCE_COLS, spec_in(ReduceOp::Sum, acc, true)));
     }
     v
 }

@@ -21,13 +21,44 @@ pub(crate) fn launch(
     scalars: (f32, f32),
     out: Out<'_>,
 ) -> Result<Tensor> {
+    launch_typed(
+        op,
+        kernel,
+        code,
+        out_shape,
+        inputs,
+        scalars,
+        out,
+        DType::F32,
+    )
+}
+
+/// `launch` with an output of `dtype`: f32, or f16 (each value computed in f32 and rounded
+/// once as it is stored).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_typed(
+    op: &'static str,
+    kernel: &'static KernelDesc,
+    code: u32,
+    out_shape: &[usize],
+    inputs: &[&Tensor],
+    scalars: (f32, f32),
+    out: Out<'_>,
+    dtype: DType,
+) -> Result<Tensor> {
     let first = inputs[0];
     for t in inputs {
         t.expect_dtype(op, DType::F32)?;
         first.expect_same_device(op, t)?;
     }
+    if !matches!(dtype, DType::F32 | DType::F16) {
+        return Err(Error::InvalidArgument {
+            op,
+            reason: format!("an elementwise output of {dtype:?} (f32 or f16 only)"),
+        });
+    }
     let device = first.device();
-    let (out, acc) = out.resolve(op, device, out_shape, inputs)?;
+    let (out, acc) = out.resolve_typed(op, device, out_shape, inputs, dtype)?;
     let numel = out.numel();
     if numel == 0 {
         return Ok(out);
@@ -97,7 +128,7 @@ pub(crate) fn launch(
     storages.extend(inputs.iter().map(|t| t.storage()));
     device.record(
         kernel,
-        &elementwise::spec(code, vec4, acc),
+        &elementwise::spec_out(code, vec4, acc, dtype == DType::F16),
         &params,
         &storages,
         groups,

@@ -3,16 +3,16 @@
 //! residual r added there too (`linear_residual`). W is (K, N), the layout of GPT-2's Conv1D
 //! weights, so Hugging Face weights load without a transpose.
 //!
-//! Backward: dz = g (or g * gelu'(z) from the saved pre-activation z, one dispatch); dW = x^T dz
-//! with, over few rows, db = the sums of dz over rows in the same product (x^T extended by a
-//! row of ones; else a reduction), and dx = dz W^T, each written into its gradient by the
-//! matmul.
+//! Backward: dz = g (or g * gelu'(z) from the saved pre-activation z, one dispatch, stored f16
+//! under autocast); dW = x^T dz with, over few rows, db = the sums of dz over rows in the same
+//! product (x^T extended by a row of ones; else a reduction), and dx = dz W^T, each written
+//! into its gradient by the matmul.
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
 use crate::kernels::elementwise::{self, ternary, UnaryOp};
-use crate::ops::elementwise::{launch, launch_copy};
+use crate::ops::elementwise::{launch_copy, launch_typed};
 use crate::ops::matmul::{half_precision, Epilogue};
 use crate::ops::{autocast, Out};
 
@@ -58,9 +58,11 @@ impl LinearBackward {
         let n = self.w.shape()[1];
         let g = g.reshape(&[g.numel() / n, n])?; // (rows, N)
         let dz = match &self.pre {
+            // Under autocast dz is stored f16 (`dz_f16`): the products round it to f16 as
+            // they load it anyway, and read half the bytes.
             Some(z) => {
                 let code = ternary::unary_backward(UnaryOp::Gelu);
-                launch(
+                launch_typed(
                     "linear_backward",
                     &elementwise::TERNARY,
                     code,
@@ -68,7 +70,17 @@ impl LinearBackward {
                     &[&g, z, &g],
                     (0.0, 0.0),
                     Out::New,
+                    if self.half && dz_mode() != DzMode::F32 {
+                        DType::F16
+                    } else {
+                        DType::F32
+                    },
                 )?
+            }
+            // (Measured) an f32 g (the residual stream's, attention's) rounded to f16 once for
+            // the products and the bias gradient.
+            None if self.half && g.dtype() == DType::F32 && dz_mode() == DzMode::All => {
+                g.to_dtype(DType::F16)?
             }
             None => g,
         };
@@ -166,6 +178,29 @@ fn bias_grad_in_product(rows: usize) -> bool {
         "reduce" => false,
         _ => rows <= BIAS_GRAD_IN_PRODUCT_ROWS,
     }
+}
+
+/// Which of a linear's dz are f16 under autocast (`WGRAD_DZ`, a measurement switch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum DzMode {
+    /// `WGRAD_DZ=f32`: every dz f32, the products rounding it as they load it.
+    F32,
+    /// The default: GELU's gradient stored f16 by the dispatch that computes it. Its readers:
+    /// the dW and dX products, which round it to f16 as they load it (so their results are the
+    /// same bits either way), and the bias gradient, which then sums dz's f16 values in f32.
+    Gelu,
+    /// `WGRAD_DZ=all`: that, and every other f32 g (the residual stream's, attention's)
+    /// rounded to f16 by a dispatch of its own before the products.
+    All,
+}
+
+fn dz_mode() -> DzMode {
+    static MODE: std::sync::OnceLock<DzMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("WGRAD_DZ").as_deref() {
+        Ok("f32") => DzMode::F32,
+        Ok("all") => DzMode::All,
+        _ => DzMode::Gelu,
+    })
 }
 
 /// Whether an f32 input of a (K, N) weight under autocast is rounded to f16 before the

@@ -120,7 +120,11 @@ impl Tensor {
         out: Out<'_>,
     ) -> Result<Tensor> {
         const NAME: &str = "reduce";
-        self.expect_dtype(NAME, DType::F32)?;
+        // f32, or an f16 gradient (autocast), folded in f32 into an f32 result.
+        let f16_in = self.dtype() == DType::F16;
+        if !f16_in {
+            self.expect_dtype(NAME, DType::F32)?;
+        }
         let l = self.layout();
         let mut out_shape = l.shape.clone();
         for &d in dims {
@@ -182,7 +186,7 @@ impl Tensor {
             let groups = self.device().grid(out_numel as u64);
             self.device().record(
                 &reduce::REDUCE_DIMS,
-                &reduce::spec(op, acc),
+                &reduce::spec_in(op, acc, f16_in),
                 &params,
                 &[target.storage(), self.storage()],
                 groups,
@@ -202,6 +206,7 @@ impl Tensor {
         (target, acc): (&Tensor, bool),
     ) -> Result<()> {
         let dev = self.device();
+        let f16_in = self.dtype() == DType::F16;
         let (cols, rows) = (kept.numel() as u64, red.numel() as u64);
         let col_groups = cols.div_ceil(reduce::COL_LANES) as u32;
         let chunk_rows = reduce::col_chunk_rows(rows);
@@ -225,7 +230,7 @@ impl Tensor {
         if chunks == 1 {
             dev.record(
                 &reduce::REDUCE_COLS,
-                &reduce::spec(op, acc),
+                &reduce::spec_in(op, acc, f16_in),
                 &params(rows, red.strides[0], base, target.layout().offset),
                 &[target.storage(), self.storage()],
                 [col_groups, 1, 1],
@@ -241,7 +246,7 @@ impl Tensor {
         };
         dev.record(
             &reduce::REDUCE_COLS,
-            &reduce::spec(op, false),
+            &reduce::spec_in(op, false, f16_in),
             &first,
             &[part.storage(), self.storage()],
             [col_groups, chunks as u32, 1],
