@@ -533,6 +533,7 @@ impl Tensor {
         // second output binding), and one dispatch may not use a buffer both ways.
         if let Epilogue::BiasResidual { bias, residual } = epilogue {
             let coop_direct = matches!(choice, Choice::Coop(..))
+                && residual_by_copy()
                 && !x3(dev, &key)
                 && split == 1
                 && stores_direct(out.dtype(), (params.c_off, params.c_ms, params.c_bs), 1);
@@ -980,6 +981,14 @@ fn record_absmax(
         [absmax::PARTS, 2, 1],
     );
     Ok(scales)
+}
+
+/// Whether a residual product that the cooperative-matrix kernel would store straight from its
+/// accumulators runs as a bias product and a copy that adds the residual (the default) or
+/// through the residual epilogue (`WGRAD_RESIDUAL=epilogue`, a measurement switch).
+fn residual_by_copy() -> bool {
+    static EPILOGUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*EPILOGUE.get_or_init(|| std::env::var("WGRAD_RESIDUAL").is_ok_and(|v| v == "epilogue"))
 }
 
 /// Whether the cooperative-matrix kernel stores C's tiles straight from its accumulators: an
