@@ -11,7 +11,9 @@ use crate::kernels::elementwise::{self, ternary, BinaryOp, ElementwiseParams, Un
 use crate::kernels::{pack8, KernelDesc};
 use crate::ops::Out;
 
-/// Records `kernel` with op `code` over `inputs` broadcast to `out_shape`, into `out`.
+/// Records `kernel` with op `code` over `inputs` broadcast to `out_shape`, into `out`: a new
+/// f32 tensor, or a given one of f32 or f16 (each value computed in f32 and rounded once as it
+/// is stored).
 pub(crate) fn launch(
     op: &'static str,
     kernel: &'static KernelDesc,
@@ -21,36 +23,15 @@ pub(crate) fn launch(
     scalars: (f32, f32),
     out: Out<'_>,
 ) -> Result<Tensor> {
-    launch_typed(
-        op,
-        kernel,
-        code,
-        out_shape,
-        inputs,
-        scalars,
-        out,
-        DType::F32,
-    )
-}
-
-/// `launch` with an output of `dtype`: f32, or f16 (each value computed in f32 and rounded
-/// once as it is stored).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_typed(
-    op: &'static str,
-    kernel: &'static KernelDesc,
-    code: u32,
-    out_shape: &[usize],
-    inputs: &[&Tensor],
-    scalars: (f32, f32),
-    out: Out<'_>,
-    dtype: DType,
-) -> Result<Tensor> {
     let first = inputs[0];
     for t in inputs {
         t.expect_dtype(op, DType::F32)?;
         first.expect_same_device(op, t)?;
     }
+    let dtype = match out {
+        Out::New => DType::F32,
+        Out::Write(t) | Out::Acc(t) => t.dtype(),
+    };
     if !matches!(dtype, DType::F32 | DType::F16) {
         return Err(Error::InvalidArgument {
             op,

@@ -12,7 +12,7 @@ use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
 use crate::kernels::elementwise::{self, ternary, UnaryOp};
-use crate::ops::elementwise::{launch_copy, launch_typed};
+use crate::ops::elementwise::{launch, launch_copy};
 use crate::ops::matmul::{half_precision, Epilogue};
 use crate::ops::{autocast, Out};
 
@@ -58,23 +58,23 @@ impl LinearBackward {
         let n = self.w.shape()[1];
         let g = g.reshape(&[g.numel() / n, n])?; // (rows, N)
         let dz = match &self.pre {
-            // Under autocast dz is stored f16 (`dz_f16`): the products round it to f16 as
+            // Under autocast dz is stored f16 (`dz_mode`): the products round it to f16 as
             // they load it anyway, and read half the bytes.
             Some(z) => {
-                let code = ternary::unary_backward(UnaryOp::Gelu);
-                launch_typed(
+                let dtype = if self.half && dz_mode() != DzMode::F32 {
+                    DType::F16
+                } else {
+                    DType::F32
+                };
+                let dz = Tensor::uninit(g.device(), g.shape(), dtype, "linear_backward")?;
+                launch(
                     "linear_backward",
                     &elementwise::TERNARY,
-                    code,
+                    ternary::unary_backward(UnaryOp::Gelu),
                     g.shape(),
                     &[&g, z, &g],
                     (0.0, 0.0),
-                    Out::New,
-                    if self.half && dz_mode() != DzMode::F32 {
-                        DType::F16
-                    } else {
-                        DType::F32
-                    },
+                    Out::Write(&dz),
                 )?
             }
             // (Measured) an f32 g (the residual stream's, attention's) rounded to f16 once for
