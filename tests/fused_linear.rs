@@ -865,3 +865,51 @@ fn an_autocast_gelu_linear_stores_dz_in_f16() -> Result<()> {
     }
     Ok(())
 }
+
+/// A linear's dX product, recorded after dW's product, the dispatch that sums dW's ranges of K
+/// and the bias gradient's reduction, is encoded beside dW's product (`graph::schedule`): it
+/// reads what dW read and writes a new buffer, where the sum waits at a barrier. The step's
+/// counters say so, and dX, dW and db match f64 sums (the order changes no number). Split sums
+/// in a second dispatch (`split_sum_dev`); over 1,024 rows (db by a reduction, not from the
+/// product). Fails with `WGRAD_SCHEDULE=recorded`, which keeps the recorded order.
+#[test]
+fn a_linears_dx_is_encoded_beside_its_split_dw() -> Result<()> {
+    let d = &split_sum_dev();
+    let mut r = rng("linear dx beside dw");
+    let (rows, k, n) = (1100, 24, 40);
+    let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+    let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
+    let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
+    let (mut want_dx, mut want_dw, mut want_db) =
+        (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
+    for row in 0..rows {
+        for j in 0..n {
+            let g = gs[row * n + j] as f64;
+            want_db[j] += g;
+            for i in 0..k {
+                want_dw[i * n + j] += xs[row * k + i] as f64 * g;
+                want_dx[row * k + i] += g * ws[i * n + j] as f64;
+            }
+        }
+    }
+    d.force_split(Some(3));
+    let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
+    let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
+    let b = Tensor::zeros(d, &[n])?.requires_grad();
+    let y = x.linear(&w, Some(&b), Activation::None)?;
+    d.sync()?;
+    let c0 = d.counters();
+    y.backward_with(&Tensor::from_slice(d, &gs, &[rows, n])?)?;
+    d.sync()?;
+    let c = d.counters() - c0;
+    d.force_split(None);
+    assert!(
+        c.moved >= 1,
+        "dX's product encoded ahead of dW's split sum: {c:?}"
+    );
+    let got = grads(&[x, w, b])?;
+    assert_close(&got[0], &want_dx, 1e-4, "dX");
+    assert_close(&got[1], &want_dw, 1e-4, "dW");
+    assert_close(&got[2], &want_db, 1e-4, "db");
+    Ok(())
+}

@@ -73,6 +73,9 @@ struct Report {
     /// Dispatches encoded behind a pipeline barrier, which waits for all the compute work
     /// before it (the others may run beside the dispatches before them).
     barriers_per_step: f64,
+    /// Dispatches encoded ahead of an earlier-recorded one that waits at a barrier, to run
+    /// beside the work before it (`WGRAD_SCHEDULE=recorded` keeps the recorded order).
+    moved_per_step: f64,
     /// How the CPU waited for the GPU: `spin` or `block` (`WGRAD_WAIT`).
     wait: String,
     loss_first: f32,
@@ -158,6 +161,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut created = 0u64;
     let mut dispatches = 0u64;
     let mut barriers = 0u64;
+    let mut moved = 0u64;
     let mut losses = Vec::new();
     let mut step0 = (0, 0.0, 0.0);
     for i in 0..args.warmup.max(1) + args.steps {
@@ -181,6 +185,7 @@ pub fn run(args: &Args) -> Result<()> {
             submits += c.submits;
             dispatches += c.dispatches;
             barriers += c.barriers;
+            moved += c.moved;
             created += dev.pool_stats().buffers_created - b0;
         }
         times.push(ms);
@@ -211,6 +216,7 @@ pub fn run(args: &Args) -> Result<()> {
         buffers_created_per_step: created as f64 / n,
         dispatches_per_step: dispatches as f64 / n,
         barriers_per_step: barriers as f64 / n,
+        moved_per_step: moved as f64 / n,
         wait: format!("{:?}", dev.wait_mode()).to_lowercase(),
         loss_first: losses[0],
         loss_last: *losses.last().expect("steps ran"),
@@ -257,6 +263,7 @@ pub fn run(args: &Args) -> Result<()> {
         );
         println!("dispatches per step  {:>10.1}", report.dispatches_per_step);
         println!("barriers per step    {:>10.1}", report.barriers_per_step);
+        println!("moved ahead per step {:>10.1}", report.moved_per_step);
         println!("waiting on the GPU   {:>10}", report.wait);
         println!(
             "loss                 {:>10.4} -> {:.4}",

@@ -3,6 +3,7 @@
 
 mod layout;
 mod runtime;
+mod schedule;
 mod segment;
 mod tensor;
 mod timing;

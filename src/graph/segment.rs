@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use super::schedule::{self, Uses};
 use crate::kernels::Pipeline;
 use crate::memory::HostArena;
 
@@ -94,6 +95,9 @@ pub struct Counters {
     /// Dispatches encoded behind a pipeline barrier (`Barriers`): each waits for all the
     /// compute work before it; the others may run beside the dispatches before them.
     pub barriers: u64,
+    /// Dispatches encoded ahead of one recorded before them that waits at a barrier
+    /// (`schedule::order`): they run beside the work before it.
+    pub moved: u64,
     pub bind_groups_created: u64,
     pub uploads: u64,
     pub bytes_uploaded: u64,
@@ -120,6 +124,7 @@ impl std::ops::Sub for Counters {
             submits: self.submits - o.submits,
             compute_passes: self.compute_passes - o.compute_passes,
             barriers: self.barriers - o.barriers,
+            moved: self.moved - o.moved,
             bind_groups_created: self.bind_groups_created - o.bind_groups_created,
             uploads: self.uploads - o.uploads,
             bytes_uploaded: self.bytes_uploaded - o.bytes_uploaded,
@@ -207,6 +212,15 @@ impl Barriers {
         self.last.clear();
     }
 
+    /// Whether a barrier would go before a command with these uses (each buffer once).
+    pub fn waits(&self, uses: &[(u64, Use)]) -> bool {
+        uses.iter().any(|(id, u)| {
+            self.last
+                .get(id)
+                .is_some_and(|old| !(old == u && matches!(old, Use::StorageRead | Use::CopySrc)))
+        })
+    }
+
     /// Records one command's uses (a buffer may come twice, with the same use); whether a
     /// barrier goes before the command.
     pub fn record(&mut self, uses: impl IntoIterator<Item = (u64, Use)>) -> bool {
@@ -219,24 +233,45 @@ impl Barriers {
         }
         barrier
     }
+}
 
-    /// A dispatch's uses: its storage bindings with their kernel's access.
-    fn dispatch(&mut self, d: &Dispatch) -> bool {
-        let access = d.pipeline.layout.storage;
-        // The same buffer bound twice in one dispatch is one use (wgpu merges them).
-        let mut seen = [(u64::MAX, Use::StorageRead); MAX_STORAGE_BINDINGS];
-        let mut n = 0;
-        for (b, a) in d.buffers.iter().zip(access) {
-            let u = match a {
-                crate::kernels::Access::Read => Use::StorageRead,
-                crate::kernels::Access::ReadWrite => Use::StorageWrite,
+/// A command's buffers, as the barrier model and the scheduler see them.
+fn uses(cmd: &Command) -> Uses {
+    match cmd {
+        Command::Dispatch(d) => {
+            let mut u = Uses {
+                dispatch: true,
+                ..Uses::default()
             };
-            if n < seen.len() && !seen[..n].iter().any(|(id, _)| *id == b.id) {
-                seen[n] = (b.id, u);
-                n += 1;
+            for (b, a) in d.buffers.iter().zip(d.pipeline.layout.storage) {
+                let write = matches!(a, crate::kernels::Access::ReadWrite);
+                // The same buffer bound twice in one dispatch is one use (wgpu merges them):
+                // the first binding's, for the barrier model.
+                match u.writes.iter_mut().find(|(id, _)| *id == b.id) {
+                    Some((_, w)) => *w |= write,
+                    None => {
+                        let t = if write {
+                            Use::StorageWrite
+                        } else {
+                            Use::StorageRead
+                        };
+                        u.tracked.push((b.id, t));
+                        u.writes.push((b.id, write));
+                    }
+                }
             }
+            u
         }
-        self.record(seen[..n].iter().copied())
+        Command::Upload { dst_id, .. } => Uses {
+            dispatch: false,
+            tracked: vec![(*dst_id, Use::CopyDst)],
+            writes: vec![(*dst_id, true)],
+        },
+        Command::Copy { src_id, dst_id, .. } => Uses {
+            dispatch: false,
+            tracked: vec![(*src_id, Use::CopySrc), (*dst_id, Use::CopyDst)],
+            writes: vec![(*src_id, false), (*dst_id, true)],
+        },
     }
 }
 
@@ -265,10 +300,16 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
         });
     let barriers = &mut *t.barriers;
     barriers.clear();
+    let uses: Vec<Uses> = segment.commands.iter().map(uses).collect();
+    let (order, moved) = schedule::order(&uses, schedule::window());
+    t.counters.moved += moved;
+    let cmds: Vec<(&Command, &Uses)> = order
+        .into_iter()
+        .map(|i| (&segment.commands[i], &uses[i]))
+        .collect();
     let mut i = 0;
-    let cmds = &segment.commands;
     while i < cmds.len() {
-        match &cmds[i] {
+        match cmds[i].0 {
             Command::Dispatch(_) => {
                 let timestamp_writes = t.timer.as_mut().and_then(|timer| timer.pass_writes());
                 let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -277,8 +318,8 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
                 });
                 t.counters.compute_passes += 1;
                 let mut last_pipeline: *const Pipeline = std::ptr::null();
-                while let Some(Command::Dispatch(d)) = cmds.get(i) {
-                    if barriers.dispatch(d) {
+                while let Some((Command::Dispatch(d), u)) = cmds.get(i) {
+                    if barriers.record(u.tracked.iter().copied()) {
                         t.counters.barriers += 1;
                     }
                     let (params, params_id) =
@@ -311,11 +352,11 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
             Command::Upload {
                 arena_offset,
                 dst,
-                dst_id,
                 dst_offset,
                 size,
+                ..
             } => {
-                barriers.record([(*dst_id, Use::CopyDst)]);
+                barriers.record(cmds[i].1.tracked.iter().copied());
                 let src = t
                     .uploads
                     .expect("a segment with uploads has an upload arena");
@@ -324,14 +365,13 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
             }
             Command::Copy {
                 src,
-                src_id,
                 src_offset,
                 dst,
-                dst_id,
                 dst_offset,
                 size,
+                ..
             } => {
-                barriers.record([(*src_id, Use::CopySrc), (*dst_id, Use::CopyDst)]);
+                barriers.record(cmds[i].1.tracked.iter().copied());
                 encoder.copy_buffer_to_buffer(src, *src_offset, dst, *dst_offset, *size);
                 i += 1;
             }

@@ -79,6 +79,9 @@ pub struct ProfileReport {
     /// Dispatches per step encoded behind a pipeline barrier (each waits for all the compute
     /// work before it; see `graph::segment::Barriers`).
     pub barriers_per_step: f64,
+    /// Dispatches per step encoded ahead of an earlier-recorded one that waits at a barrier
+    /// (`graph::schedule`), to run beside the work before it.
+    pub moved_per_step: f64,
     pub pipelines_compiled_per_step: f64,
     pub bind_groups_created_per_step: f64,
     pub bytes_uploaded_per_step: f64,
@@ -262,6 +265,7 @@ pub(super) fn build(
         bytes_live: last.map(|s| s.pool_after.bytes_live).unwrap_or(0),
         bytes_free: last.map(|s| s.pool_after.bytes_cached).unwrap_or(0),
         barriers_per_step: per(&|s| s.counters.barriers as f64),
+        moved_per_step: per(&|s| s.counters.moved as f64),
         peak_bytes_live: steps
             .iter()
             .map(|s| s.pool_after.peak_bytes_live)
@@ -370,7 +374,7 @@ impl ProfileReport {
             let _ = writeln!(s, "{:<30} {:>10.3}", p.phase, p.ms);
         }
         let _ = writeln!(s, "\nper step:");
-        let rows: [(&str, String); 13] = [
+        let rows: [(&str, String); 14] = [
             (
                 "dispatches",
                 format!(
@@ -385,6 +389,7 @@ impl ProfileReport {
                 "dispatch barriers",
                 format!("{:.0}", self.barriers_per_step),
             ),
+            ("moved ahead of one", format!("{:.0}", self.moved_per_step)),
             (
                 "queue.submit calls",
                 format!("{:.1}", self.submits_per_step),
