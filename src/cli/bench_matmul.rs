@@ -40,6 +40,10 @@ pub struct Args {
     /// Square sizes to run instead of the default list (e.g. `--sizes 1024,4096`).
     #[arg(long, value_delimiter = ',')]
     sizes: Vec<usize>,
+    /// Products to run instead of the default list, `MxNxK` each, `:at` or `:bt` after it for
+    /// A or B read as a transposed view (e.g. `--shapes 4096x3072x768,768x3072x4096:at`).
+    #[arg(long, value_delimiter = ',', value_parser = parse_shape)]
+    shapes: Vec<Shape>,
     /// Measure every tile of each product's kernel, keep the fastest (the adapter's tile table,
     /// written to its cache file) and list them all.
     #[arg(long)]
@@ -93,10 +97,31 @@ struct Report {
     tile_table: Option<String>,
 }
 
+/// (m, n, k, batch, A transposed, B transposed).
+type Shape = (usize, usize, usize, usize, bool, bool);
+
+/// `MxNxK`, `MxNxK:at` or `MxNxK:bt`.
+fn parse_shape(s: &str) -> std::result::Result<Shape, String> {
+    let (dims, view) = s.split_once(':').unwrap_or((s, ""));
+    let d: Vec<usize> = dims
+        .split('x')
+        .map(|v| v.parse::<usize>().ok().filter(|&v| v > 0))
+        .collect::<Option<_>>()
+        .filter(|d: &Vec<usize>| d.len() == 3)
+        .ok_or_else(|| format!("`{s}`: a product is MxNxK, three positive sizes"))?;
+    let (a_t, b_t) = match view {
+        "" => (false, false),
+        "at" => (true, false),
+        "bt" => (false, true),
+        v => return Err(format!("`{s}`: `:{v}` is neither `:at` nor `:bt`")),
+    };
+    Ok((d[0], d[1], d[2], 1, a_t, b_t))
+}
+
 /// (m, n, k, batch, A transposed, B transposed): squares, the products of a DistilGPT-2 step at
 /// 8 x 512 tokens (forward, the LM head, and the backward products with their transposed
 /// views), odd sizes.
-fn default_shapes(quick: bool) -> Vec<(usize, usize, usize, usize, bool, bool)> {
+fn default_shapes(quick: bool) -> Vec<Shape> {
     if quick {
         return vec![
             (256, 256, 256, 1, false, false),
@@ -142,7 +167,9 @@ pub fn run(args: &Args) -> Result<()> {
         Dtype::F16 => (true, true, true, "f16"),
         Dtype::Mixed => (false, true, true, "mixed"),
     };
-    let shapes = if args.sizes.is_empty() {
+    let shapes = if !args.shapes.is_empty() {
+        args.shapes.clone()
+    } else if args.sizes.is_empty() {
         default_shapes(args.quick)
     } else {
         args.sizes
