@@ -781,8 +781,9 @@ fn prefetches(x3: bool) -> bool {
 /// (no tile stores), `nomultiply` (no fragment loads or multiply-adds), `nobarrier` (no
 /// workgroup barriers), `noprefetch` (a step's units loaded and stored before its multiply
 /// rather than during the previous one: what `prefetches` chooses for f16 products; the
-/// products are right), and out of the scratch epilogue `noepilogue` (the accumulators'
-/// sum spilled and stored as one fragment). What is left runs as it would, so the time of a
+/// products are right), out of the scratch epilogue `noepilogue` (the accumulators' sum
+/// spilled and stored as one fragment), and out of the direct stores `nodirect` (their sum
+/// stored as one fragment). What is left runs as it would, so the time of a
 /// part is the difference (PROFILING.md).
 fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String {
     use std::fmt::Write as _;
@@ -1026,7 +1027,16 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
         "\n// Every accumulator straight to C (C_DIRECT tiles inside C).\n\
          fn store_direct(wid: vec3<u32>, sg: u32) {{"
     );
-    if c_direct {
+    if c_direct && off("nodirect") {
+        // (Ablation) one fragment a subgroup, the sum of its accumulators, so the product
+        // is kept and the direct stores are a twelfth or so of their own.
+        let sum: Vec<String> = (0..fm * fn_).map(|f| format!("acc{f}")).collect();
+        let _ = writeln!(
+            w,
+            "    let s = p.c_ms;\n    let all = {};\n    coopStoreT(all, &c[c_frag(wid, sg, 0u)], s);",
+            sum.join(" + ")
+        );
+    } else if c_direct {
         let _ = writeln!(w, "    let s = p.c_ms;");
         for f in 0..fm * fn_ {
             let _ = writeln!(

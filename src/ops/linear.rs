@@ -257,8 +257,8 @@ impl Tensor {
 
     /// `linear` (no bias) whose output rows are `row_align`-element aligned: (rows, N) over a
     /// (rows, N rounded up) buffer. An output as wide as the LM head's (N = 50,257 logits) is
-    /// then stored straight from the matmul's accumulators, and its gradient (made with the
-    /// same rows by cross-entropy) is read by the backward matmuls in vectors.
+    /// then stored in vectors, and its gradient (made with the same rows by cross-entropy) is
+    /// read by the backward matmuls in vectors.
     pub fn linear_padded(&self, w: &Tensor, row_align: usize) -> Result<Tensor> {
         self.linear_padded_as(w, row_align, DType::F32)
     }

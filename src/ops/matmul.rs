@@ -525,10 +525,10 @@ impl Tensor {
         let one_dispatch =
             split > 1 && sums_in_one_dispatch(dev, &choice, on_x3, (m_run, n), splits);
         // A residual product that the cooperative-matrix kernel would store straight from its
-        // accumulators (unsplit: tiles inside C) is a bias product, and a second dispatch adds
-        // the residual: the residual epilogue goes through the scratch tile, which cost more
-        // than the add at 8 x 512 --amp on an H200 (the step 23.21 / 23.26 -> 23.38 / 23.68 ms,
-        // 2026-11-25). Split, the sum adds it. So does a second dispatch for a residual in the
+        // accumulators (unsplit: tiles inside C; only with `coop_direct_stores`) is a bias
+        // product, and a second dispatch adds the residual: the residual epilogue goes through
+        // the scratch tile, which cost more than the add at 8 x 512 --amp on an H200 (the step
+        // 23.21 / 23.26 -> 23.38 / 23.68 ms, 2026-11-25). Split, the sum adds it. So does a second dispatch for a residual in the
         // buffer of an operand or the bias: the epilogue binds it read-write (the kernels'
         // second output binding), and one dispatch may not use a buffer both ways.
         if let Epilogue::BiasResidual { bias, residual } = epilogue {
@@ -589,6 +589,7 @@ impl Tensor {
                 // (X3 products store no accumulators straight to C: `spec_ones`.)
                 let c_direct = !one_dispatch
                     && !on_x3
+                    && coop_direct_stores()
                     && matches!(
                         epilogue,
                         Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_)
@@ -983,16 +984,35 @@ fn record_absmax(
     Ok(scales)
 }
 
-/// Whether a residual product that the cooperative-matrix kernel would store straight from its
-/// accumulators runs as a bias product and a copy that adds the residual (the default) or
-/// through the residual epilogue (`WGRAD_RESIDUAL=epilogue`, a measurement switch).
-fn residual_by_copy() -> bool {
-    static EPILOGUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    !*EPILOGUE.get_or_init(|| std::env::var("WGRAD_RESIDUAL").is_ok_and(|v| v == "epilogue"))
+/// Whether the cooperative-matrix kernel stores the accumulators of tiles inside an f32 C
+/// straight to C (`coopStoreT` into the binding) rather than through the scratch epilogue (a
+/// fragment at a time into workgroup memory, then rows of C in vectors of 4 where C takes
+/// them): only with `WGRAD_COOP_DIRECT=1` (a measurement switch). On an H100 the straight
+/// stores wrote C at about a third of the scratch epilogue's rate (100 MB of f32 C: 87 us
+/// against 31 over the product's other work), and the 8 x 512 --amp step ran 0.3 ms faster
+/// through the scratch (PROFILING.md, 2026-11-26).
+pub fn coop_direct_stores() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WGRAD_COOP_DIRECT").is_ok_and(|v| v == "1"))
 }
 
-/// Whether the cooperative-matrix kernel stores C's tiles straight from its accumulators: an
-/// f32 C with unit column stride (`c_ns`) whose offset, row stride and batch stride are
+/// Whether a residual product runs as a bias product and a copy that adds the residual, where
+/// the cooperative-matrix kernel could add it in its scratch epilogue: where that kernel stores
+/// its tiles straight to C (`coop_direct_stores`; the residual epilogue would go through the
+/// scratch tile just for the add), unless `WGRAD_RESIDUAL=epilogue`; and always with
+/// `WGRAD_RESIDUAL=copy` (measurement switches).
+fn residual_by_copy() -> bool {
+    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    MODE.get_or_init(|| match std::env::var("WGRAD_RESIDUAL").as_deref() {
+        Ok("epilogue") => Some(false),
+        Ok("copy") => Some(true),
+        _ => None,
+    })
+    .unwrap_or_else(coop_direct_stores)
+}
+
+/// Whether the cooperative-matrix kernel can store C's tiles straight from its accumulators
+/// (it does with `coop_direct_stores`): an f32 C with unit column stride (`c_ns`) whose offset, row stride and batch stride are
 /// multiples of 4 (rows on 16 bytes).
 fn stores_direct(c: DType, (c_off, c_ms, c_bs): (u32, u32, u32), c_ns: u32) -> bool {
     c == DType::F32 && c_ns == 1 && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4))
