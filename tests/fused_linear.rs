@@ -469,10 +469,9 @@ fn a_residual_linear_matches_f64() -> Result<()> {
                 let before = d.counters().dispatches;
                 let y = autocast(half, || x.linear_residual(&w, &b, &res))?;
                 d.sync()?;
-                // Unsplit into tiles the cooperative-matrix kernel stores straight from its
-                // accumulators (f32 rows on 16 bytes; with `WGRAD_COOP_DIRECT=1`), the residual
-                // is a second dispatch.
-                let direct = half && coop && n % 4 == 0 && wgrad::ops::coop_direct_stores();
+                // Unsplit into tiles the cooperative-matrix kernel could store straight from its
+                // accumulators (f32 rows on 16 bytes), the residual is a second dispatch.
+                let direct = half && coop && n % 4 == 0;
                 let want = if split > 1 || direct { 2 } else { 1 };
                 let want = want + absmax_dispatches(d, half);
                 assert_eq!(d.counters().dispatches - before, want, "{what}");

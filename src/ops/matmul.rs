@@ -524,11 +524,12 @@ impl Tensor {
         let splits = k.div_ceil(k_split);
         let one_dispatch =
             split > 1 && sums_in_one_dispatch(dev, &choice, on_x3, (m_run, n), splits);
-        // A residual product that the cooperative-matrix kernel would store straight from its
-        // accumulators (unsplit: tiles inside C; only with `coop_direct_stores`) is a bias
-        // product, and a second dispatch adds the residual: the residual epilogue goes through
-        // the scratch tile, which cost more than the add at 8 x 512 --amp on an H200 (the step
-        // 23.21 / 23.26 -> 23.38 / 23.68 ms, 2026-11-25). Split, the sum adds it. So does a second dispatch for a residual in the
+        // A residual product whose tiles the cooperative-matrix kernel could store straight
+        // from its accumulators (unsplit, f32 C on 16-byte rows) is a bias product, and a
+        // second dispatch adds the residual: the residual epilogue cost more than the add at
+        // 8 x 512 --amp on an H200 (the step 23.21 / 23.26 -> 23.38 / 23.68 ms, 2026-11-25), and
+        // no less with the tiles through the scratch on an H100 (`residual_by_copy`). Split,
+        // the sum adds it. So does a second dispatch for a residual in the
         // buffer of an operand or the bias: the epilogue binds it read-write (the kernels'
         // second output binding), and one dispatch may not use a buffer both ways.
         if let Epilogue::BiasResidual { bias, residual } = epilogue {
@@ -991,24 +992,19 @@ fn record_absmax(
 /// stores wrote C at about a third of the scratch epilogue's rate (100 MB of f32 C: 87 us
 /// against 31 over the product's other work), and the 8 x 512 --amp step ran 0.3 ms faster
 /// through the scratch (PROFILING.md, 2026-11-26).
-pub fn coop_direct_stores() -> bool {
+fn coop_direct_stores() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("WGRAD_COOP_DIRECT").is_ok_and(|v| v == "1"))
 }
 
-/// Whether a residual product runs as a bias product and a copy that adds the residual, where
-/// the cooperative-matrix kernel could add it in its scratch epilogue: where that kernel stores
-/// its tiles straight to C (`coop_direct_stores`; the residual epilogue would go through the
-/// scratch tile just for the add), unless `WGRAD_RESIDUAL=epilogue`; and always with
-/// `WGRAD_RESIDUAL=copy` (measurement switches).
+/// Whether a residual product whose tiles the cooperative-matrix kernel could store straight
+/// to C runs as a bias product and a copy that adds the residual (the default) or through the
+/// residual epilogue (`WGRAD_RESIDUAL=epilogue`, a measurement switch). With C through the
+/// scratch epilogue (`coop_direct_stores` off) the copy still ran the 8 x 512 --amp step as
+/// fast or faster on an H100 (16.83-16.97 ms against 16.92-17.13, PROFILING.md, 2026-11-26).
 fn residual_by_copy() -> bool {
-    static MODE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    MODE.get_or_init(|| match std::env::var("WGRAD_RESIDUAL").as_deref() {
-        Ok("epilogue") => Some(false),
-        Ok("copy") => Some(true),
-        _ => None,
-    })
-    .unwrap_or_else(coop_direct_stores)
+    static EPILOGUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*EPILOGUE.get_or_init(|| std::env::var("WGRAD_RESIDUAL").is_ok_and(|v| v == "epilogue"))
 }
 
 /// Whether the cooperative-matrix kernel can store C's tiles straight from its accumulators

@@ -21,7 +21,7 @@ pub use crate::kernels::reduce::ReduceOp;
 pub use autocast::{autocast, autocast_enabled};
 pub(crate) use linear::cast_input as linear_casts_input;
 pub use linear::Activation;
-pub use matmul::{candidate_tiles, coop_direct_stores, heuristic_tile, matmul_variant};
+pub use matmul::{candidate_tiles, heuristic_tile, matmul_variant};
 pub use matmul::{SPLIT_CHUNK, SPLIT_TAIL_STEPS};
 
 pub(crate) use elementwise::launch_copy;
