@@ -57,7 +57,8 @@
 // Specialization: KIND (0 forward, 3 backward), FS, SGS, SG, BC, DMAX (head dim padded to a
 // multiple of FS), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
 // ACC_DK, ACC_DV (add into the target instead of overwriting it), PREFETCH (the next block in
-// flight); snippets OWN and SYNC.
+// flight), DIRECT_OUT (outputs inside T stored straight from the accumulators, else through the
+// scratch like the edge's); snippets OWN and SYNC.
 
 enable wgpu_cooperative_matrix;
 
@@ -453,11 +454,11 @@ fn row_sum(x: f32) -> f32 {
 // `zero_out()`, `load_out`, `store_out` and `edge_store` (the first output, through the view
 // passed) and `load_dv`, `store_dv`, `edge_dv` begin and end them; `rescale_out(r0, row, part,
 // f)` multiplies the forward's O rows by each lane's row factor through the subgroup's scratch
-// rows; `b_out` picks the forward's or the backward's operand. A workgroup whose rows are all
-// inside T, with D = DMAX and the output views on 16-byte boundaries, loads (when
-// accumulating) and stores its accumulators straight from and to the outputs (`direct`);
+// rows; `b_out` picks the forward's or the backward's operand. With DIRECT_OUT a workgroup
+// whose rows are all inside T, with D = DMAX and the output views on 16-byte boundaries, loads
+// (when accumulating) and stores its accumulators straight from and to the outputs (`direct`);
 // otherwise each output fragment passes the subgroup's scratch rows and its lanes write what
-// is inside T and D.
+// is inside T and D (adding into it when accumulating).
 
 // Whether the first output (O, dQ or dK) is accumulated into (O never is; the launcher sets
 // ACC_DQ and ACC_DK together).
@@ -519,7 +520,8 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let keys = min(q0 + ROWS, p.t);
     // (Computed here from the workgroup id: naga takes it as uniform, and cooperative
     // operations need uniform control flow.)
-    let direct = q0 + ROWS <= p.t && p.d == DMAX && all(p.o % vec4<u32>(4u) == vec4<u32>());
+    let direct = DIRECT_OUT && q0 + ROWS <= p.t && p.d == DMAX
+        && all(p.o % vec4<u32>(4u) == vec4<u32>());
 
     // O = sum over the blocks of P v, P = exp(S - m) in f16 against the row's running max m,
     // which moves (O's rows times exp(m_old - m_new)) only when a block's max passes it by
@@ -613,7 +615,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             lse_i = lse[bh * p.t + qi];
             dvec = aux[bh * p.t + qi];
         }
-        let direct = q0 + ROWS <= p.t && p.d == DMAX
+        let direct = DIRECT_OUT && q0 + ROWS <= p.t && p.d == DMAX
             && all(p.dq % vec4<u32>(4u) == vec4<u32>());
         zero_out();
         if (direct) {
@@ -659,7 +661,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             fetch_ld(bh, first, lid);
         }
         own_rows(bh, k0, r0, lid, true);
-        let direct = k0 + ROWS <= p.t && p.d == DMAX
+        let direct = DIRECT_OUT && k0 + ROWS <= p.t && p.d == DMAX
             && all(p.dk % vec4<u32>(4u) == vec4<u32>())
             && all(p.dv % vec4<u32>(4u) == vec4<u32>());
         zero_out();

@@ -207,6 +207,23 @@ fn subgroup_sync() -> bool {
     *ON.get_or_init(|| std::env::var("WGRAD_ATTN_SYNC").as_deref() != Ok("workgroup"))
 }
 
+/// Whether a workgroup whose rows are all inside T (D = DMAX, the views on 16-byte boundaries)
+/// stores its output accumulators straight to the outputs (`coopStoreT` into the binding, and
+/// loads them so where it accumulates) rather than a fragment at a time through the subgroup's
+/// scratch rows, as on the edge of T. `WGRAD_ATTN_DIRECT=0` or `=1` (a measurement switch)
+/// sets it.
+fn direct_out() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("WGRAD_ATTN_DIRECT").as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => DIRECT_OUT,
+    })
+}
+
+/// The default of `direct_out`.
+const DIRECT_OUT: bool = true;
+
 /// The forward's variant, or (`Pass::Dq` or `Pass::Dkv`) the backward kernel's: `acc_a`
 /// adds into dQ and dK instead of overwriting them, `acc_b` into dV.
 pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
@@ -225,6 +242,7 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
         .bool("ACC_DK", dk)
         .bool("ACC_DV", dv)
         .bool("PREFETCH", prefetches())
+        .bool("DIRECT_OUT", direct_out())
         .source("OWN", own_source(t.dmax / coop.fs, coop.fs))
         .source(
             "SYNC",
@@ -368,13 +386,14 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         },
         "}",
     );
-    // On the edge of T or D: one fragment at a time through the subgroup's scratch rows.
+    // On the edge of T or D (or without `direct_out`): one fragment at a time through the
+    // subgroup's own scratch rows (so the subgroup waits for its own lanes).
     func(
         w,
         "fn edge_store(bh: u32, row0: u32, r0: u32, lane: u32, va: vec4<u32>) {",
         &|i, d| {
             format!(
-                "    store_sc(acc{i}, r0, 0u);\n    workgroupBarrier();\n    edge_out(0u, va, ACC_A, bh, row0, r0, {d}u, lane);\n    workgroupBarrier();"
+                "    store_sc(acc{i}, r0, 0u);\n    own_sync();\n    edge_out(0u, va, ACC_A, bh, row0, r0, {d}u, lane);\n    own_sync();"
             )
         },
         "}",
@@ -384,7 +403,7 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         "fn edge_dv(bh: u32, row0: u32, r0: u32, lane: u32) {",
         &|i, d| {
             format!(
-                "    store_sc(acc2_{i}, r0, 0u);\n    workgroupBarrier();\n    edge_out(1u, p.dv, ACC_DV, bh, row0, r0, {d}u, lane);\n    workgroupBarrier();"
+                "    store_sc(acc2_{i}, r0, 0u);\n    own_sync();\n    edge_out(1u, p.dv, ACC_DV, bh, row0, r0, {d}u, lane);\n    own_sync();"
             )
         },
         "}",
