@@ -121,7 +121,10 @@ impl LinearBackward {
                 let (tw, acc_w) = ow.resolve(OP, x.device(), self.w.shape(), &[x, &dz])?;
                 let (tb, acc_b) = ob.resolve(OP, x.device(), &[n], &[&dz])?;
                 let out = |t, acc| if acc { Out::Acc(t) } else { Out::Write(t) };
-                if acc_w == acc_b && tb.is_contiguous() && bias_grad_in_product(dz.shape()[0]) {
+                if acc_w == acc_b
+                    && tb.is_contiguous()
+                    && bias_grad_in_product(dz.shape()[0], self.half)
+                {
                     dw(out(&tw, acc_w), Some(&tb))?;
                 } else {
                     dw(out(&tw, acc_w), None)?;
@@ -158,17 +161,20 @@ impl LinearBackward {
     }
 }
 
-/// Rows up to which a linear's bias gradient comes out of its dW product (a row of ones
+/// Rows up to which an f32 linear's bias gradient comes out of its dW product (a row of ones
 /// appended to x^T) instead of a two-stage reduction of dz. On an H200 (DistilGPT-2 --amp,
 /// 2026-11-25): at 512 rows 48 dispatches and 24 barriers fewer, the step 0.2 ms shorter; at
 /// 4,096 rows the extra tile row of each dW product cost 0.27 ms of GPU time more than the
-/// reductions it replaced (they had run beside dW and dX).
+/// reductions it replaced (they had run beside dW and dX). Under autocast the product serves at
+/// any rows: since the products store f32 C through their scratch epilogue, the 8 x 512 --amp
+/// step ran 16.66-16.87 ms with it against 16.81-17.09 with the reductions on an H100
+/// (PROFILING.md, 2026-11-26). The f32 step's products were not measured so.
 const BIAS_GRAD_IN_PRODUCT_ROWS: usize = 1024;
 
 /// Whether the bias gradient of a linear over `rows` rows comes out of its dW product:
-/// `WGRAD_BIAS_GRAD=product|reduce` (a measurement switch) or, by default, up to
-/// `BIAS_GRAD_IN_PRODUCT_ROWS`.
-fn bias_grad_in_product(rows: usize) -> bool {
+/// `WGRAD_BIAS_GRAD=product|reduce` (a measurement switch) or, by default, under autocast
+/// (`half`) or up to `BIAS_GRAD_IN_PRODUCT_ROWS`.
+fn bias_grad_in_product(rows: usize, half: bool) -> bool {
     static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     match MODE
         .get_or_init(|| std::env::var("WGRAD_BIAS_GRAD").unwrap_or_default())
@@ -176,7 +182,7 @@ fn bias_grad_in_product(rows: usize) -> bool {
     {
         "product" => true,
         "reduce" => false,
-        _ => rows <= BIAS_GRAD_IN_PRODUCT_ROWS,
+        _ => half || rows <= BIAS_GRAD_IN_PRODUCT_ROWS,
     }
 }
 
