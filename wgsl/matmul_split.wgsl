@@ -7,8 +7,12 @@
 // at bias_off instead of C.
 //
 // Memory: part (S, M, N) contiguous f32; C (M, N) of type TC at c_off through its strides
-// c_ms, c_ns; bias (N) f32 at bias_off. One lane per element of C; the grid is 2-D past 65,535
-// workgroups (linear workgroup id wid.y * nwg.x + wid.x). Specialization: TC, ACC (add into C).
+// c_ms, c_ns; bias (N) f32 at bias_off. A lane sums W consecutive elements of one row of C (W
+// = 4 where the launcher has checked that N, C's offset and row stride, and the bias's, the
+// residual's and the sums' offsets are multiples of 4 and C's columns unit-stride: every
+// binding is then read and written in vectors, PV = vec4<f32>, CV = vec4<TC>; else W = 1, PV =
+// f32, CV = TC). The grid is 2-D past 65,535 workgroups (linear workgroup id
+// wid.y * nwg.x + wid.x). Specialization: TC, W, PV, CV, ACC (add into C).
 
 struct Params {
     m: u32,
@@ -22,33 +26,34 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> c: array<TC>;   // (M, N) through c_ms, c_ns
-@group(0) @binding(2) var<storage, read> part: array<f32>;     // (S, M, N)
-@group(0) @binding(3) var<storage, read> bias: array<f32>;     // (N), matmul_split_sum_bias
-@group(0) @binding(4) var<storage, read_write> sums: array<f32>; // (N), matmul_split_sum_sums
+@group(0) @binding(1) var<storage, read_write> c: array<CV>;   // (M, N) through c_ms, c_ns
+@group(0) @binding(2) var<storage, read> part: array<PV>;     // (S, M, N)
+@group(0) @binding(3) var<storage, read> bias: array<PV>;     // (N), matmul_split_sum_bias
+@group(0) @binding(4) var<storage, read_write> sums: array<PV>; // (N), matmul_split_sum_sums
 
 const WG: u32 = 256u;
 
-// The element of C this lane sums (row-major over (M, N); past the end in the last workgroup).
+// The first of the W elements of C this lane sums (row-major over (M, N); past the end in the
+// last workgroup).
 fn element(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return (wid.y * nwg.x + wid.x) * WG + lid;
+    return ((wid.y * nwg.x + wid.x) * WG + lid) * W;
 }
 
-fn partial_sum(e: u32) -> f32 {
+fn partial_sum(e: u32) -> PV {
     let mn = p.m * p.n;
-    var sum = 0.0;
+    var sum = PV();
     for (var s = 0u; s < p.splits; s++) {
-        sum += part[s * mn + e];
+        sum += part[(s * mn + e) / W];
     }
     return sum;
 }
 
-fn store_c(e: u32, v: f32) {
-    let o = p.c_off + (e / p.n) * p.c_ms + (e % p.n) * p.c_ns;
+fn store_c(e: u32, v: PV) {
+    let o = (p.c_off + (e / p.n) * p.c_ms + (e % p.n) * p.c_ns) / W;
     if (ACC) {
-        c[o] = TC(f32(c[o]) + v);
+        c[o] = CV(PV(c[o]) + v);
     } else {
-        c[o] = TC(v);
+        c[o] = CV(v);
     }
 }
 
@@ -70,7 +75,7 @@ fn matmul_split_sum_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     if (e >= p.m * p.n) {
         return;
     }
-    store_c(e, partial_sum(e) + bias[p.bias_off + e % p.n]);
+    store_c(e, partial_sum(e) + bias[(p.bias_off + e % p.n) / W]);
 }
 
 // C = the sum + bias + R, with R (the residual a block adds the product to: contiguous (M, N)
@@ -82,7 +87,7 @@ fn matmul_split_sum_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num
     if (e >= p.m * p.n) {
         return;
     }
-    store_c(e, partial_sum(e) + bias[p.bias_off + e % p.n] + sums[p.res_off + e]);
+    store_c(e, partial_sum(e) + bias[(p.bias_off + e % p.n) / W] + sums[(p.res_off + e) / W]);
 }
 
 // C (+)= the sum, its last row to sums (bias_off) instead.
@@ -95,7 +100,7 @@ fn matmul_split_sum_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     }
     let v = partial_sum(e);
     if (e / p.n == p.m - 1u) {
-        let o = p.bias_off + e % p.n;
+        let o = (p.bias_off + e % p.n) / W;
         sums[o] = select(v, sums[o] + v, ACC);
     } else {
         store_c(e, v);

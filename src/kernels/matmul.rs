@@ -242,8 +242,21 @@ pub fn split_k(tiles: usize, k: usize) -> usize {
     1 << most.ilog2()
 }
 
-pub fn split_sum_spec(c: DType, acc: bool) -> Spec {
-    Spec::new().ty("TC", c.wgsl()).bool("ACC", acc)
+/// A split sum storing C of type `c` (`acc`: adding into it), a lane summing 4 consecutive
+/// elements of a row through vector bindings (`vec4`; the launcher checks N, the offsets and C's
+/// row stride are multiples of 4, C's columns unit-stride) or one.
+pub fn split_sum_spec(c: DType, acc: bool, vec4: bool) -> Spec {
+    let (w, pv, cv) = match (vec4, c) {
+        (true, DType::F16) => (4, "vec4<f32>", "vec4<f16>"),
+        (true, _) => (4, "vec4<f32>", "vec4<f32>"),
+        (false, _) => (1, "f32", c.wgsl()),
+    };
+    Spec::new()
+        .ty("TC", c.wgsl())
+        .u32("W", w)
+        .ty("PV", pv)
+        .ty("CV", cv)
+        .bool("ACC", acc)
 }
 
 /// A workgroup tile: BM x BN outputs, K staged BK at a time, TM x TN per lane; `vec`: the
@@ -535,11 +548,14 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     };
     for &c in outs {
         for acc in [false, true] {
-            v.push((&MATMUL_SPLIT_SUM, split_sum_spec(c, acc)));
-            v.push((&MATMUL_SPLIT_SUM_BIAS, split_sum_spec(c, acc)));
-            // A residual is added to a new f32 output.
-            if !acc && c == DType::F32 {
-                v.push((&MATMUL_SPLIT_SUM_BIAS_RES, split_sum_spec(c, acc)));
+            for vec4 in [false, true] {
+                v.push((&MATMUL_SPLIT_SUM, split_sum_spec(c, acc, vec4)));
+                v.push((&MATMUL_SPLIT_SUM_BIAS, split_sum_spec(c, acc, vec4)));
+                v.push((&MATMUL_SPLIT_SUM_SUMS, split_sum_spec(c, acc, vec4)));
+                // A residual is added to a new f32 output.
+                if !acc && c == DType::F32 {
+                    v.push((&MATMUL_SPLIT_SUM_BIAS_RES, split_sum_spec(c, acc, vec4)));
+                }
             }
         }
     }

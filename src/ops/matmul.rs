@@ -794,8 +794,19 @@ impl Tensor {
                 },
                 res_off: residual.map_or(0, |r| r.layout().offset as u32),
             };
-            let sum_spec = matmul::split_sum_spec(out.dtype(), acc);
-            let grid = dev.grid((m_run * n).div_ceil(256) as u64);
+            // A lane sums 4 elements of a row through vector bindings where every row of C, the
+            // bias, the residual and the sums start on a vector.
+            let aligned = |t: Option<&Tensor>| t.is_none_or(|t| t.layout().offset % 4 == 0);
+            let vec4 = n.is_multiple_of(4)
+                && params.c_ns == 1
+                && params.c_off.is_multiple_of(4)
+                && params.c_ms.is_multiple_of(4)
+                && aligned(bias.as_ref())
+                && aligned(sums)
+                && aligned(residual);
+            let sum_spec = matmul::split_sum_spec(out.dtype(), acc, vec4);
+            let per_lane = if vec4 { 4 } else { 1 };
+            let grid = dev.grid((m_run * n).div_ceil(256 * per_lane) as u64);
             match &bias {
                 Some(bias) if residual.is_some() => dev.record(
                     &matmul::MATMUL_SPLIT_SUM_BIAS_RES,
