@@ -106,6 +106,11 @@ const ADD: u32 = 2u;
 @group(0) @binding(9) var<storage, read_write> dbeta_out: array<f32>;   // (C), strided
 @group(0) @binding(10) var<storage, read_write> tickets: array<atomic<u32>>;
 
+// Columns a lane keeps in registers: the forward's x, the backward's x-hat, dy and gamma, and
+// its dgamma and dbeta sums over a chunk's rows: C up to 1024 = 4 x 256 in one pass (GPT-2
+// small and medium).
+const LANE_COLS: u32 = 4u;
+
 @compute @workgroup_size(RED_WG)
 fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
                      @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
@@ -115,21 +120,41 @@ fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
     let base = p.x_offset + row * p.cols;
     let n = f32(p.cols);
 
+    // The lane's first LANE_COLS columns of x stay in registers for the three passes (loaded
+    // branch-free: a column past C reads the last one's and counts as 0); the columns past
+    // LANE_COLS * 256 are read again in each.
+    var xs: array<f32, LANE_COLS>;
     var s = 0.0;
-    for (var c = lanes.lid; c < p.cols; c += RED_WG) {
+    for (var j = 0u; j < LANE_COLS; j++) {
+        let c = lanes.lid + j * RED_WG;
+        xs[j] = select(0.0, x[base + min(c, p.cols - 1u)], c < p.cols);
+        s += xs[j];
+    }
+    for (var c = lanes.lid + LANE_COLS * RED_WG; c < p.cols; c += RED_WG) {
         s += x[base + c];
     }
     let mu = wg_sum(s, lanes) / n;
 
     var v = 0.0;
-    for (var c = lanes.lid; c < p.cols; c += RED_WG) {
+    for (var j = 0u; j < LANE_COLS; j++) {
+        let d = select(0.0, xs[j] - mu, lanes.lid + j * RED_WG < p.cols);
+        v += d * d;
+    }
+    for (var c = lanes.lid + LANE_COLS * RED_WG; c < p.cols; c += RED_WG) {
         let d = x[base + c] - mu;
         v += d * d;
     }
     let r = inverseSqrt(wg_sum(v, lanes) / n + p.eps);
 
     let out_base = row * p.cols;
-    for (var c = lanes.lid; c < p.cols; c += RED_WG) {
+    for (var j = 0u; j < LANE_COLS; j++) {
+        let c = lanes.lid + j * RED_WG;
+        if (c < p.cols) {
+            let xhat = (xs[j] - mu) * r;
+            y[out_base + c] = YT(xhat * gamma[p.gamma_offset + c] + beta[p.beta_offset + c]);
+        }
+    }
+    for (var c = lanes.lid + LANE_COLS * RED_WG; c < p.cols; c += RED_WG) {
         let xhat = (x[base + c] - mu) * r;
         y[out_base + c] = YT(xhat * gamma[p.gamma_offset + c] + beta[p.beta_offset + c]);
     }
@@ -139,9 +164,6 @@ fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
-// Columns a lane keeps dgamma and dbeta sums of in registers: C up to 1024 = 4 x 256 in one
-// pass over the rows (GPT-2 small and medium).
-const LANE_COLS: u32 = 4u;
 
 // A lane's dgamma and dbeta sums for its columns c0 + j * RED_WG, j < LANE_COLS.
 struct LaneSums {
@@ -163,49 +185,57 @@ fn backward_rows(first: u32, last: u32, lanes: Lanes) -> LaneSums {
     let n = f32(p.cols);
     let lid = lanes.lid;
     var sums: LaneSums;
+    // The lane's first LANE_COLS columns in registers: gamma once for the chunk, x-hat and dy
+    // once a row (loaded branch-free: a column past C reads the last one's, and its dy counts
+    // as 0); the columns past LANE_COLS * 256 are read again where used.
+    var gs: array<f32, LANE_COLS>;
+    for (var j = 0u; j < LANE_COLS; j++) {
+        gs[j] = gamma[p.gamma_offset + min(lid + j * RED_WG, p.cols - 1u)];
+    }
     for (var row = first; row < last; row++) {
         let base = p.x_offset + row * p.cols;
         let dy_base = p.dy_offset + row * p.cols;
         let mu = mean[row];
         let r = rstd[row];
+        var xh: array<f32, LANE_COLS>;
+        var dd: array<f32, LANE_COLS>;
+        for (var j = 0u; j < LANE_COLS; j++) {
+            let c = lid + j * RED_WG;
+            let cc = min(c, p.cols - 1u);
+            xh[j] = (x[base + cc] - mu) * r;
+            dd[j] = select(0.0, f32(dy[dy_base + cc]), c < p.cols);
+        }
         if (DX) {
-            var s_dxhat = 0.0;
-            var s_dxhat_xhat = 0.0;
-            for (var c = lid; c < p.cols; c += RED_WG) {
+            // mean_c(dxhat) and mean_c(dxhat * xhat) in one reduction.
+            var s = vec2<f32>();
+            for (var j = 0u; j < LANE_COLS; j++) {
+                let dxhat = dd[j] * gs[j];
+                s += vec2<f32>(dxhat, dxhat * xh[j]);
+            }
+            for (var c = lid + LANE_COLS * RED_WG; c < p.cols; c += RED_WG) {
                 let xhat = (x[base + c] - mu) * r;
                 let dxhat = f32(dy[dy_base + c]) * gamma[p.gamma_offset + c];
-                s_dxhat += dxhat;
-                s_dxhat_xhat += dxhat * xhat;
+                s += vec2<f32>(dxhat, dxhat * xhat);
             }
-            let mean_dxhat = wg_sum(s_dxhat, lanes) / n;
-            let mean_dxhat_xhat = wg_sum(s_dxhat_xhat, lanes) / n;
+            let m = wg_sum2(s, lanes) / n;
 
             let out_base = p.out_offset + row * p.cols;
             for (var j = 0u; j < LANE_COLS; j++) {
                 let c = lid + j * RED_WG;
                 if (c < p.cols) {
-                    let xhat = (x[base + c] - mu) * r;
-                    let d = f32(dy[dy_base + c]);
-                    let dxhat = d * gamma[p.gamma_offset + c];
-                    store_dx(out_base + c, r * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat));
-                    sums.g[j] += d * xhat;
-                    sums.b[j] += d;
+                    let dxhat = dd[j] * gs[j];
+                    store_dx(out_base + c, r * (dxhat - m.x - xh[j] * m.y));
                 }
             }
             for (var c = lid + LANE_COLS * RED_WG; c < p.cols; c += RED_WG) {
                 let xhat = (x[base + c] - mu) * r;
                 let dxhat = f32(dy[dy_base + c]) * gamma[p.gamma_offset + c];
-                store_dx(out_base + c, r * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat));
+                store_dx(out_base + c, r * (dxhat - m.x - xhat * m.y));
             }
-        } else {
-            for (var j = 0u; j < LANE_COLS; j++) {
-                let c = lid + j * RED_WG;
-                if (c < p.cols) {
-                    let d = f32(dy[dy_base + c]);
-                    sums.g[j] += d * (x[base + c] - mu) * r;
-                    sums.b[j] += d;
-                }
-            }
+        }
+        for (var j = 0u; j < LANE_COLS; j++) {
+            sums.g[j] += dd[j] * xh[j];
+            sums.b[j] += dd[j];
         }
     }
     return sums;

@@ -48,3 +48,21 @@ fn wg_reduce(v: f32, l: Lanes, kind: u32) -> f32 {
 fn wg_sum(v: f32, l: Lanes) -> f32 { return wg_reduce(v, l, 0u); }
 fn wg_max(v: f32, l: Lanes) -> f32 { return wg_reduce(v, l, 1u); }
 fn wg_min(v: f32, l: Lanes) -> f32 { return wg_reduce(v, l, 2u); }
+
+// Two sums at once (one reduction's barriers): each subgroup's pair in registers, then the
+// pairs folded in the same order by every lane.
+var<workgroup> red_scratch2: array<vec2<f32>, RED_WG>;
+
+fn wg_sum2(v: vec2<f32>, l: Lanes) -> vec2<f32> {
+    let s = subgroupAdd(v);
+    if (l.sg_lane == 0u) {
+        red_scratch2[l.sg_id] = s;
+    }
+    workgroupBarrier();
+    var r = red_scratch2[0];
+    for (var i = 1u; i < l.n_sg; i++) {
+        r += red_scratch2[i];
+    }
+    workgroupBarrier(); // the scratch may be reused right away
+    return r;
+}

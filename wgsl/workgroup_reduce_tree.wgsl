@@ -35,3 +35,20 @@ fn wg_reduce(v: f32, l: Lanes, kind: u32) -> f32 {
 fn wg_sum(v: f32, l: Lanes) -> f32 { return wg_reduce(v, l, 0u); }
 fn wg_max(v: f32, l: Lanes) -> f32 { return wg_reduce(v, l, 1u); }
 fn wg_min(v: f32, l: Lanes) -> f32 { return wg_reduce(v, l, 2u); }
+
+// Two sums at once (one reduction's barriers).
+var<workgroup> red_scratch2: array<vec2<f32>, RED_WG>;
+
+fn wg_sum2(v: vec2<f32>, l: Lanes) -> vec2<f32> {
+    red_scratch2[l.lid] = v;
+    workgroupBarrier();
+    for (var s = RED_WG / 2u; s > 0u; s = s >> 1u) {
+        if (l.lid < s) {
+            red_scratch2[l.lid] = red_scratch2[l.lid] + red_scratch2[l.lid + s];
+        }
+        workgroupBarrier();
+    }
+    let r = red_scratch2[0];
+    workgroupBarrier(); // the scratch may be reused right away
+    return r;
+}
