@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytemuck::Pod;
 
+use super::schedule::Uses;
 use super::segment::{
     encode, Barriers, BindGroupCache, BufferRef, Command, Counters, Dispatch, EncodeTargets, Phase,
     Segment,
@@ -88,6 +89,8 @@ struct State {
     bind_groups: BindGroupCache,
     /// Which dispatches of a flush go behind a barrier (counted in `counters`).
     barriers: Barriers,
+    /// The schedule's per-command buffers (`segment::EncodeTargets::uses`).
+    schedule_uses: Vec<Uses>,
     counters: Counters,
     flush_bound: usize,
     /// A one-shot bound (`submit_early`): the open Segment is flushed once it holds this many
@@ -212,6 +215,7 @@ impl Device {
             uploads_gpu: GpuArena::new("wgrad:uploads", wgpu::BufferUsages::COPY_SRC, 1 << 16),
             bind_groups: BindGroupCache::default(),
             barriers: Barriers::default(),
+            schedule_uses: Vec::new(),
             counters: Counters::default(),
             flush_bound: DEFAULT_FLUSH_BOUND,
             early_flush: None,
@@ -571,6 +575,7 @@ impl Device {
                 max_binding: gpu.limits.max_storage_buffer_binding_size,
                 timer: st.timer.as_mut(),
                 barriers: &mut st.barriers,
+                uses: &mut st.schedule_uses,
             },
         );
         // A span: the profiler's trace shows when each submit left the CPU.

@@ -183,10 +183,10 @@ mod tests {
             let n = 2 + next(30) as usize;
             let cmds: Vec<Uses> = (0..n)
                 .map(|_| {
-                    let reads: Vec<u64> = (0..next(3)).map(|_| next(8)).collect();
                     let w = next(8);
-                    let reads: Vec<u64> = reads.into_iter().filter(|&r| r != w).collect();
-                    let mut reads = reads;
+                    let mut reads: Vec<u64> = (0..next(3)).map(|_| next(8)).collect();
+                    reads.retain(|&r| r != w);
+                    reads.sort_unstable();
                     reads.dedup();
                     let mut u = d(&reads, &[w]);
                     u.dispatch = next(10) != 0;

@@ -212,12 +212,18 @@ impl Barriers {
         self.last.clear();
     }
 
+    /// Whether a buffer last used as `old` needs a barrier before it is used as `new`: unless
+    /// both are the same read-only use.
+    fn transition(old: Use, new: Use) -> bool {
+        !(old == new && matches!(old, Use::StorageRead | Use::CopySrc))
+    }
+
     /// Whether a barrier would go before a command with these uses (each buffer once).
     pub fn waits(&self, uses: &[(u64, Use)]) -> bool {
         uses.iter().any(|(id, u)| {
             self.last
                 .get(id)
-                .is_some_and(|old| !(old == u && matches!(old, Use::StorageRead | Use::CopySrc)))
+                .is_some_and(|&old| Self::transition(old, *u))
         })
     }
 
@@ -227,22 +233,21 @@ impl Barriers {
         let mut barrier = false;
         for (id, u) in uses {
             if let Some(old) = self.last.insert(id, u) {
-                let ordered = matches!(old, Use::StorageRead | Use::CopySrc);
-                barrier |= !(old == u && ordered);
+                barrier |= Self::transition(old, u);
             }
         }
         barrier
     }
 }
 
-/// A command's buffers, as the barrier model and the scheduler see them.
-fn uses(cmd: &Command) -> Uses {
+/// A command's buffers, as the barrier model and the scheduler see them, into `u` (whose
+/// vectors keep their room).
+fn fill_uses(cmd: &Command, u: &mut Uses) {
+    u.tracked.clear();
+    u.writes.clear();
     match cmd {
         Command::Dispatch(d) => {
-            let mut u = Uses {
-                dispatch: true,
-                ..Uses::default()
-            };
+            u.dispatch = true;
             for (b, a) in d.buffers.iter().zip(d.pipeline.layout.storage) {
                 let write = matches!(a, crate::kernels::Access::ReadWrite);
                 // The same buffer bound twice in one dispatch is one use (wgpu merges them):
@@ -260,18 +265,18 @@ fn uses(cmd: &Command) -> Uses {
                     }
                 }
             }
-            u
         }
-        Command::Upload { dst_id, .. } => Uses {
-            dispatch: false,
-            tracked: vec![(*dst_id, Use::CopyDst)],
-            writes: vec![(*dst_id, true)],
-        },
-        Command::Copy { src_id, dst_id, .. } => Uses {
-            dispatch: false,
-            tracked: vec![(*src_id, Use::CopySrc), (*dst_id, Use::CopyDst)],
-            writes: vec![(*src_id, false), (*dst_id, true)],
-        },
+        Command::Upload { dst_id, .. } => {
+            u.dispatch = false;
+            u.tracked.push((*dst_id, Use::CopyDst));
+            u.writes.push((*dst_id, true));
+        }
+        Command::Copy { src_id, dst_id, .. } => {
+            u.dispatch = false;
+            u.tracked
+                .extend([(*src_id, Use::CopySrc), (*dst_id, Use::CopyDst)]);
+            u.writes.extend([(*src_id, false), (*dst_id, true)]);
+        }
     }
 }
 
@@ -289,6 +294,8 @@ pub struct EncodeTargets<'a> {
     pub timer: Option<&'a mut super::timing::GpuTimer>,
     /// The barrier model's buffer uses (kept between flushes for its room).
     pub barriers: &'a mut Barriers,
+    /// Each command's buffers for the schedule (kept between flushes for their room).
+    pub uses: &'a mut Vec<Uses>,
 }
 
 /// Encodes every command of `segment` in order into one command buffer.
@@ -300,8 +307,15 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
         });
     let barriers = &mut *t.barriers;
     barriers.clear();
-    let uses: Vec<Uses> = segment.commands.iter().map(uses).collect();
-    let (order, moved) = schedule::order(&uses, schedule::window());
+    let n = segment.commands.len();
+    if t.uses.len() < n {
+        t.uses.resize_with(n, Uses::default);
+    }
+    for (u, cmd) in t.uses.iter_mut().zip(&segment.commands) {
+        fill_uses(cmd, u);
+    }
+    let uses = &t.uses[..n];
+    let (order, moved) = schedule::order(uses, schedule::window());
     t.counters.moved += moved;
     let cmds: Vec<(&Command, &Uses)> = order
         .into_iter()

@@ -184,11 +184,16 @@ fn forced_tile(pass: Pass) -> Option<(u32, u32)> {
 /// against 20.68.
 fn prefetches() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("WGRAD_ATTN_PREFETCH").as_deref() {
+    *ON.get_or_init(|| on_off("WGRAD_ATTN_PREFETCH", PREFETCH))
+}
+
+/// A measurement switch `var`: `0` off, `1` on, else `default`.
+fn on_off(var: &str, default: bool) -> bool {
+    match std::env::var(var).as_deref() {
         Ok("0") => false,
         Ok("1") => true,
-        _ => PREFETCH,
-    })
+        _ => default,
+    }
 }
 
 /// The default of `prefetches`.
@@ -214,11 +219,7 @@ fn subgroup_sync() -> bool {
 /// sets it.
 fn direct_out() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("WGRAD_ATTN_DIRECT").as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => DIRECT_OUT,
-    })
+    *ON.get_or_init(|| on_off("WGRAD_ATTN_DIRECT", DIRECT_OUT))
 }
 
 /// The default of `direct_out`.

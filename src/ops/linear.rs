@@ -84,10 +84,12 @@ impl LinearBackward {
             }
             None => g,
         };
-        // dW = x^T dz and, over few rows, db (the sums of dz over rows) in the same product:
-        // x^T with a row of ones (`Epilogue::BColumnSums`, `bias_grad_in_product`). Then dX,
-        // which reads what dW read and writes a new buffer, goes beside it without a barrier
-        // (`graph::segment::Barriers`), as does db's first stage where it is a reduction.
+        // dW = x^T dz and, under autocast or over few rows, db (the sums of dz over rows) in
+        // the same product: x^T with a row of ones (`Epilogue::BColumnSums`,
+        // `bias_grad_in_product`). Then dX, which reads what dW read and writes a new buffer,
+        // needs no barrier (`graph::segment::Barriers`), nor does db's first stage where it is a
+        // reduction: both run beside dW's product, ahead of the dispatch that sums its ranges
+        // of K where it is split (`graph::schedule` moves them there).
         let x = &self.x;
         let dw = |out: Out<'_>, db: Option<&Tensor>| -> Result<Tensor> {
             let epilogue = db.map_or(Epilogue::None, Epilogue::BColumnSums);
@@ -167,8 +169,9 @@ impl LinearBackward {
 /// 4,096 rows the extra tile row of each dW product cost 0.27 ms of GPU time more than the
 /// reductions it replaced (they had run beside dW and dX). Under autocast the product serves at
 /// any rows: since the products store f32 C through their scratch epilogue, the 8 x 512 --amp
-/// step ran 16.66-16.87 ms with it against 16.81-17.09 with the reductions on an H100
-/// (PROFILING.md, 2026-11-26). The f32 step's products were not measured so.
+/// step ran 16.66-16.87 ms with it against 16.81-17.09 with the reductions on an H100; the f32
+/// step alike either way (38.53-38.60 against 38.57-38.63 ms), so f32 keeps the limit
+/// (PROFILING.md, 2026-11-26).
 const BIAS_GRAD_IN_PRODUCT_ROWS: usize = 1024;
 
 /// Whether the bias gradient of a linear over `rows` rows comes out of its dW product:

@@ -1019,8 +1019,8 @@ fn residual_by_copy() -> bool {
 }
 
 /// Whether the cooperative-matrix kernel can store C's tiles straight from its accumulators
-/// (it does with `coop_direct_stores`): an f32 C with unit column stride (`c_ns`) whose offset, row stride and batch stride are
-/// multiples of 4 (rows on 16 bytes).
+/// (it does with `coop_direct_stores`): an f32 C with unit column stride (`c_ns`) whose
+/// offset, row stride and batch stride are multiples of 4 (rows on 16 bytes).
 fn stores_direct(c: DType, (c_off, c_ms, c_bs): (u32, u32, u32), c_ns: u32) -> bool {
     c == DType::F32 && c_ns == 1 && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4))
 }
