@@ -164,7 +164,6 @@ fn layernorm_forward(@builtin(workgroup_id) wid: vec3<u32>,
     }
 }
 
-
 // A lane's dgamma and dbeta sums for its columns c0 + j * RED_WG, j < LANE_COLS.
 struct LaneSums {
     g: array<f32, LANE_COLS>,
