@@ -801,12 +801,13 @@ fn gelu_and_grad(z: f64) -> (f64, f64) {
     (0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * dt)
 }
 
-/// Under autocast a GELU linear's dz = g gelu'(z) is stored f16: its products round it to f16
+/// Under autocast a GELU linear's pre-activation z and dz = g gelu'(z) are stored f16: its
+/// products round dz to f16
 /// as they load it (so dx and dW are those of the rounded dz, as before), and the bias gradient
 /// sums its f16 values in f32. Against f64 at shapes whose db comes from the dW product (up to
 /// 1,024 rows) or from a reduction (more); in f32 dz stays f32. Then a seed whose dz is not an
 /// f16 value (z = 0: dz = g / 2 = 0.5 + 3 2^-14, which f16 rounds to 0.5) over 1,100 rows: db
-/// is 550, not the unrounded 550.2.
+/// is 550, not the unrounded 550.2. (Fails with `WGRAD_GELU_HALF=none`, z f32.)
 #[test]
 fn an_autocast_gelu_linear_stores_dz_in_f16() -> Result<()> {
     use wgrad::ops::autocast;
@@ -829,6 +830,8 @@ fn an_autocast_gelu_linear_stores_dz_in_f16() -> Result<()> {
                         + (0..k)
                             .map(|i| x64[row * k + i] * w64[i * n + j])
                             .sum::<f64>();
+                    // Under autocast z is stored f16 for the backward.
+                    let z = round(&[z as f32], half)[0];
                     let dz = gs[row * n + j] as f64 * gelu_and_grad(z).1;
                     let dz = round(&[dz as f32], half)[0];
                     want_db[j] += dz;
@@ -866,6 +869,100 @@ fn an_autocast_gelu_linear_stores_dz_in_f16() -> Result<()> {
             1e-6,
             "db of f16 dz",
         );
+    }
+    Ok(())
+}
+
+/// An MLP under autocast, h = gelu(x W1 + b1) stored f16 (as GPT-2's is) and y = h W2 + b2:
+/// GELU's pre-activation z is stored f16, and so is h's gradient dh = g W2^T (the second
+/// linear's dX, made new through a view of h: x has a leading dim), which GELU's gradient reads
+/// as f32. dx, dW1, db1, dW2 and db2 against f64 with z, h, dh and dz rounded to f16 where they
+/// are stored, at rows whose db1 comes from the dW product and from a reduction. Fails with
+/// `WGRAD_GELU_HALF=none` (z and dh f32: dW1 off by up to 4.5e-3 on lavapipe).
+#[test]
+fn an_autocast_mlp_stores_z_and_the_gelu_outputs_gradient_in_f16() -> Result<()> {
+    use wgrad::ops::autocast;
+    let d = dev();
+    if !halves(d).contains(&true) {
+        return Err(wgrad::Error::InvalidArgument {
+            op: "test",
+            reason: "the adapter has no shader-f16 (lavapipe has it)".into(),
+        });
+    }
+    let mut r = rng("autocast mlp f16 z and dh");
+    // n, the second dW's rows, a multiple of 8: its bias gradient then comes from the product
+    // (the sums of the f16-rounded seed) on either kernel.
+    for (rows, k, n, m) in [(300, 24, 40, 12), (1100, 16, 40, 20)] {
+        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+        let w1s = rand_vec(&mut r, k * n, -0.5, 0.5);
+        let b1s = rand_vec(&mut r, n, -0.5, 0.5);
+        let w2s = rand_vec(&mut r, n * m, -0.5, 0.5);
+        let b2s = rand_vec(&mut r, m, -0.5, 0.5);
+        let gs = rand_vec(&mut r, rows * m, -1.0, 1.0);
+        let f16 = |v: f64| round(&[v as f32], true)[0];
+        let (x64, w164, w264, g64) = (
+            round(&xs, true),
+            round(&w1s, true),
+            round(&w2s, true),
+            round(&gs, true),
+        );
+        // Forward: z (f16 where stored), h = f16(gelu(z)) from the unrounded z.
+        let mut z = vec![0.0; rows * n];
+        let mut h = vec![0.0; rows * n];
+        for row in 0..rows {
+            for j in 0..n {
+                let v = b1s[j] as f64
+                    + (0..k)
+                        .map(|i| x64[row * k + i] * w164[i * n + j])
+                        .sum::<f64>();
+                z[row * n + j] = f16(v);
+                h[row * n + j] = f16(gelu_and_grad(v).0);
+            }
+        }
+        let (mut dx, mut dw1, mut db1) = (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
+        let (mut dw2, mut db2) = (vec![0.0; n * m], vec![0.0; m]);
+        for row in 0..rows {
+            for c in 0..m {
+                let g = g64[row * m + c];
+                db2[c] += g;
+                for j in 0..n {
+                    dw2[j * m + c] += h[row * n + j] * g;
+                }
+            }
+            for j in 0..n {
+                let dh = f16((0..m).map(|c| g64[row * m + c] * w264[j * m + c]).sum());
+                let dz = f16(dh * gelu_and_grad(z[row * n + j]).1);
+                db1[j] += dz;
+                for i in 0..k {
+                    dx[row * k + i] += dz * w164[i * n + j];
+                    dw1[i * n + j] += x64[row * k + i] * dz;
+                }
+            }
+        }
+        let x = Tensor::from_slice(d, &xs, &[2, rows / 2, k])?.requires_grad();
+        let w1 = Tensor::from_slice(d, &w1s, &[k, n])?.requires_grad();
+        let b1 = Tensor::from_slice(d, &b1s, &[n])?.requires_grad();
+        let w2 = Tensor::from_slice(d, &w2s, &[n, m])?.requires_grad();
+        let b2 = Tensor::from_slice(d, &b2s, &[m])?.requires_grad();
+        let y = autocast(true, || -> Result<Tensor> {
+            let h = x.linear_as(&w1, Some(&b1), Activation::Gelu, wgrad::DType::F16)?;
+            h.linear(&w2, Some(&b2), Activation::None)
+        })?;
+        y.backward_with(&Tensor::from_slice(d, &gs, &[2, rows / 2, m])?)?;
+        let got = grads(&[x, w1, b1, w2, b2])?;
+        let what = format!("{rows}x{k}x{n}x{m}");
+        for (i, (want, name)) in [
+            (dx, "dx"),
+            (dw1, "dW1"),
+            (db1, "db1"),
+            (dw2, "dW2"),
+            (db2, "db2"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            assert_close(&got[i], want, 2e-3, &format!("{name}, {what}"));
+        }
     }
     Ok(())
 }

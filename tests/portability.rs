@@ -222,17 +222,17 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
     }
     assert_eq!(
         count,
-        2 * (4 * (2 * 3 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + (6 * 6 + 4 * 4 + 2 * 4 * 6))
+        2 * (4 * (2 * 4 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + (6 * 6 + 4 * 4 + 2 * 4 * 6))
             + 4 * 2 * 2 * (6 + 3 * 4)
             + 4 * (2 * 2 * (6 + 4 * 4) + 3 * (6 + 3 * 4))
             + 3 * 3
             + 1
             + 2
             + 4 * (2 * 4 * 4 + 4))
-            + 4 * (2 * 4 * (6 + 4 * 4) + 2 * (6 + 3 * 4))
+            + 4 * (2 * 5 * (6 + 4 * 4) + 2 * (6 + 3 * 4))
             + 4 * (2 * 4 * (4 + 1) + 2 * 4),
-        "variants: 2 fragment sizes x (matmul: 4 tiles x (acc x 3 epilogues (plain, bias, bias + \
-         GELU), and bias + residual not accumulating into an f32 C: the accesses of the 4 type \
+        "variants: 2 fragment sizes x (matmul: 4 tiles x (acc x 4 epilogues (plain, bias, bias + \
+         GELU, and bias + GELU with an f16 `pre`), and bias + residual not accumulating into an f32 C: the accesses of the 4 type \
          sets with an f32 C) x the operand \
          accesses of the 5 type sets (6 ways to read an f16 operand, 4 an f32 one: f16 x f16, \
          f32 x f32, and three with one of each), and direct stores: 4 tiles x acc x plain and bias x \
@@ -244,7 +244,7 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
          its D; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
          paired accesses of f32 operands x (3 epilogues and column sums), and the residual not \
          accumulating)); and on 16 x 16 fragments, C stored in vectors through the scratch tile: \
-         4 tiles x (acc x (3 epilogues, and GELU with `pre` in vectors) x the paired accesses of \
+         4 tiles x (acc x (3 epilogues, and GELU with `pre` in vectors of f32 or f16) x the paired accesses of \
          the 5 type sets, and the residual not accumulating, `pre` in vectors or not, x those of \
          the 4 with an f32 C), and the X3 variants: 4 tiles x (acc x the 4 paired accesses x (3 \
          epilogues, column sums and GELU with `pre` in vectors), and the residual not \

@@ -10,8 +10,9 @@
 // it is stored (a gradient that f16 products read next, under autocast).
 //
 // Workgroup mapping: 256 threads, one element each; linear workgroup = wid.y * nwg.x + wid.x.
-// Specialization: OP (the operation), V (f32 or vec4<f32>), VO (V or its f16 form), STRIDED,
-// ACC.
+// The inputs' elements are VA, VB, VC: V, or its f16 form (an f16 tensor, read as f32).
+// Specialization: OP (the operation), V (f32 or vec4<f32>), VO, VA, VB, VC (V or its f16
+// form), STRIDED, ACC.
 
 struct Params {
     numel: u32,
@@ -28,9 +29,9 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> out: array<VO>;
-@group(0) @binding(2) var<storage, read> a: array<V>;
-@group(0) @binding(3) var<storage, read> b: array<V>;
-@group(0) @binding(4) var<storage, read> c: array<V>;
+@group(0) @binding(2) var<storage, read> a: array<VA>;
+@group(0) @binding(3) var<storage, read> b: array<VB>;
+@group(0) @binding(4) var<storage, read> c: array<VC>;
 
 const WG: u32 = 256u;
 
@@ -194,7 +195,7 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let i = linear_index(wid, nwg, lid);
     if (i >= p.numel) { return; }
     let o = operand_offsets(i);
-    store(o.w, unary_op(a[o.x]));
+    store(o.w, unary_op(V(a[o.x])));
 }
 
 @compute @workgroup_size(WG)
@@ -203,7 +204,7 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let i = linear_index(wid, nwg, lid);
     if (i >= p.numel) { return; }
     let o = operand_offsets(i);
-    store(o.w, binary_op(a[o.x], b[o.y]));
+    store(o.w, binary_op(V(a[o.x]), V(b[o.y])));
 }
 
 @compute @workgroup_size(WG)
@@ -212,7 +213,7 @@ fn ternary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: 
     let i = linear_index(wid, nwg, lid);
     if (i >= p.numel) { return; }
     let o = operand_offsets(i);
-    store(o.w, ternary_op(a[o.x], b[o.y], c[o.z]));
+    store(o.w, ternary_op(V(a[o.x]), V(b[o.y]), V(c[o.z])));
 }
 
 @compute @workgroup_size(WG)

@@ -29,7 +29,8 @@
 // Types (aliases prepended with the constants): TA, TB, TC the element types of A, B and C
 // (f32 or f16); TS the type the tiles are staged in: f16 for a mixed-precision product
 // (operands rounded to f16 whatever their storage type, products accumulated in f32: the
-// numerics of the cooperative-matrix kernel, on adapters without one), else f32.
+// numerics of the cooperative-matrix kernel, on adapters without one), else f32. PE the
+// element type of `pre`: f32, or f16 for GELU's pre-activation under autocast.
 
 struct Params {
     m: u32,
@@ -60,16 +61,17 @@ struct Params {
 @group(0) @binding(2) var<storage, read> a: array<vec4<TA>>;
 @group(0) @binding(3) var<storage, read> b: array<vec4<TB>>;
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_bias*
-@group(0) @binding(5) var<storage, read_write> pre: array<f32>; // (batch, M, N), matmul_bias_gelu
+// PE: f32, or f16 for GELU's pre-activation under autocast (matmul_bias_gelu only).
+@group(0) @binding(5) var<storage, read_write> pre: array<PE>; // (batch, M, N), matmul_bias_gelu
 
 // Element i of `pre` (the split tail, matmul_split_tail.wgsl, reads and writes `pre` through
 // these; the cooperative-matrix kernel may bind it as vectors).
 fn pre_get(i: u32) -> f32 {
-    return pre[i];
+    return f32(pre[i]);
 }
 
 fn pre_put(i: u32, v: f32) {
-    pre[i] = v;
+    pre[i] = PE(v);
 }
 
 const ROW_LANES: u32 = BM / TM;
@@ -478,7 +480,7 @@ fn matmul_bias_res(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         for (var j = 0u; j < TN; j++) {
             let gn = lane_col(wid, lid, j);
             if (gm < p.m && gn < p.n) {
-                let z = acc_at(i * TN + j) + bias[p.bias_off + gn] + pre[p.res_off + gm * p.n + gn];
+                let z = acc_at(i * TN + j) + bias[p.bias_off + gn] + pre_get(p.res_off + gm * p.n + gn);
                 store_c(p.c_off + gm * p.c_ms + gn * p.c_ns, z);
             }
         }
@@ -496,7 +498,7 @@ fn matmul_bias_gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoca
             let gn = lane_col(wid, lid, j);
             if (gm < p.m && gn < p.n) {
                 let z = acc_at(i * TN + j) + bias[p.bias_off + gn];
-                pre[(wid.z * p.m + gm) * p.n + gn] = z;
+                pre_put((wid.z * p.m + gm) * p.n + gn, z);
                 let k = 0.7978845608028654; // sqrt(2 / pi)
                 let t = tanh(clamp(k * (z + 0.044715 * z * z * z), -15.0, 15.0));
                 store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, 0.5 * z * (1.0 + t));
@@ -518,7 +520,7 @@ fn matmul_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
                 let v = acc_at(i * TN + j);
                 if (gm == p.m - 1u && p.k_split == 0u) {
                     let o = p.bias_off + gn;
-                    pre[o] = select(v, pre[o] + v, ACC);
+                    pre_put(o, select(v, pre_get(o) + v, ACC));
                 } else {
                     store_c(p.c_off + wid.z * p.c_bs + gm * p.c_ms + gn * p.c_ns, v);
                 }

@@ -54,7 +54,8 @@
 // A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, C_VEC, ACC, A_ONES, SPLIT_EPI, SPREAD, GROUP_M,
 // EPI_FRAGS; types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C's elements), CB (its binding's), PB
-// (`pre`'s binding's); snippets TILE, C, PRE and UNROLLED.
+// (`pre`'s binding's), PE (`pre`'s elements: f32, or f16 for GELU's pre-activation under
+// autocast); snippets TILE, C, PRE and UNROLLED.
 //
 // Indices and strides handed to coopLoad/coopStore are bound to `let`s first (naga's SPIR-V
 // backend needs named expressions there).

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::{meta, no_grad, Meta, Node};
 use crate::error::{Error, Result};
-use crate::graph::{Layout, Phase, Tensor};
+use crate::graph::{DType, Layout, Phase, Tensor};
 use crate::ops::Out;
 
 /// Gradients of non-leaf tensors during one traversal, by node id; `owned` says the buffer was
@@ -45,7 +45,32 @@ impl BackwardCtx<'_> {
         i: usize,
         f: impl FnOnce(Out<'_>) -> Result<Tensor>,
     ) -> Result<()> {
-        put_into(self.store, &self.inputs[i], |out, _| f(out))
+        put_into(self.store, &self.inputs[i], DType::F32, |out, _| f(out))
+    }
+
+    /// `put_with` where a first contribution through a view that covers its base makes the
+    /// base's gradient buffer of `dtype` (f16: the gradient of a GELU linear's output under
+    /// autocast, which only GELU's gradient reads) instead of f32; `f` sees the target's type.
+    pub(crate) fn put_with_typed(
+        &mut self,
+        i: usize,
+        dtype: DType,
+        f: impl FnOnce(Out<'_>) -> Result<Tensor>,
+    ) -> Result<()> {
+        put_into(self.store, &self.inputs[i], dtype, |out, _| f(out))
+    }
+
+    /// The name of the rule that made input `i` (or, for a view, its base), if an op did.
+    pub(crate) fn input_rule(&self, i: usize) -> Option<&'static str> {
+        let node = match meta(&self.inputs[i])? {
+            Meta::Node(node) => node,
+            Meta::View { base, .. } => match meta(base)? {
+                Meta::Node(node) => node,
+                _ => return None,
+            },
+            Meta::Leaf(_) => return None,
+        };
+        Some(node.name)
     }
 
     /// Inputs `i` and `j`, both wanting a gradient, get their contributions from one `f` (one
@@ -79,9 +104,9 @@ impl BackwardCtx<'_> {
             self.put_with(i, pass(ti))?;
             return self.put_with(j, pass(tj));
         }
-        put_into(self.store, xi, |out_i, store| {
+        put_into(self.store, xi, DType::F32, |out_i, store| {
             let mut ti = None;
-            put_into(store, xj, |out_j, _| {
+            put_into(store, xj, DType::F32, |out_j, _| {
                 let (a, b) = f(out_i, out_j)?;
                 ti = Some(a);
                 Ok(b)
@@ -121,11 +146,11 @@ impl BackwardCtx<'_> {
             self.put_with(j, pass(tj))?;
             return self.put_with(k, pass(tk));
         }
-        put_into(self.store, xi, |out_i, store| {
+        put_into(self.store, xi, DType::F32, |out_i, store| {
             let mut ti = None;
-            put_into(store, xj, |out_j, store| {
+            put_into(store, xj, DType::F32, |out_j, store| {
                 let mut tj = None;
-                put_into(store, xk, |out_k, _| {
+                put_into(store, xk, DType::F32, |out_k, _| {
                     let (a, b, c) = f(out_i, out_j, out_k)?;
                     ti = Some(a);
                     tj = Some(b);
@@ -168,10 +193,12 @@ impl BackwardCtx<'_> {
 }
 
 /// `put_with` on the store: `f` gets the target of `x`'s gradient, and the store (for a
-/// nested target).
+/// nested target). A view's first contribution that covers its base makes the base's buffer
+/// of `fresh` (`full_target`).
 fn put_into(
     store: &mut GradStore,
     x: &Tensor,
+    fresh: DType,
     f: impl FnOnce(Out<'_>, &mut GradStore) -> Result<Tensor>,
 ) -> Result<()> {
     match meta(x) {
@@ -222,7 +249,7 @@ fn put_into(
         }
         Some(Meta::View { base, rel }) => {
             let covers = x.numel() == base.numel();
-            let (buf, mode) = full_target(store, base, covers)?;
+            let (buf, mode) = full_target(store, base, covers, fresh)?;
             if !buf.is_contiguous() {
                 return Err(Error::InvalidArgument {
                     op: "backward",
@@ -254,17 +281,20 @@ fn grad_owner(t: &Tensor) -> Option<usize> {
 }
 
 /// The whole gradient buffer of `base` (a leaf or node) for a view's contribution: made on
-/// first use (zeroed unless the view covers it), owned, in place.
-fn full_target(store: &mut GradStore, base: &Tensor, covers: bool) -> Result<(Tensor, Mode)> {
+/// first use (zeroed unless the view covers it; of `dtype` where it covers a node, else f32),
+/// owned, in place.
+fn full_target(
+    store: &mut GradStore,
+    base: &Tensor,
+    covers: bool,
+    dtype: DType,
+) -> Result<(Tensor, Mode)> {
+    let node = matches!(meta(base), Some(Meta::Node(_)));
     let fresh = |covers: bool| -> Result<(Tensor, Mode)> {
         if covers {
+            let dtype = if node { dtype } else { DType::F32 };
             Ok((
-                Tensor::uninit(
-                    base.device(),
-                    base.shape(),
-                    crate::graph::DType::F32,
-                    "backward",
-                )?,
+                Tensor::uninit(base.device(), base.shape(), dtype, "backward")?,
                 Mode::Write,
             ))
         } else {

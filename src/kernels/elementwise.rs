@@ -201,6 +201,12 @@ pub fn spec(op: u32, vec4: bool, acc: bool) -> Spec {
 /// `spec` with the output stored as f16 (`f16_out`): the kernel computes in f32 and rounds
 /// each value once as it stores it.
 pub fn spec_out(op: u32, vec4: bool, acc: bool, f16_out: bool) -> Spec {
+    spec_typed(op, vec4, acc, f16_out, [false; 3])
+}
+
+/// `spec_out` with each of the inputs a, b, c stored as f16 where `f16_in` says (read and
+/// computed as f32).
+pub fn spec_typed(op: u32, vec4: bool, acc: bool, f16_out: bool, f16_in: [bool; 3]) -> Spec {
     let ty = |f16: bool| match (vec4, f16) {
         (true, false) => "vec4<f32>",
         (true, true) => "vec4<f16>",
@@ -211,6 +217,9 @@ pub fn spec_out(op: u32, vec4: bool, acc: bool, f16_out: bool) -> Spec {
         .u32("OP", op)
         .ty("V", ty(false))
         .ty("VO", ty(f16_out))
+        .ty("VA", ty(f16_in[0]))
+        .ty("VB", ty(f16_in[1]))
+        .ty("VC", ty(f16_in[2]))
         .bool("STRIDED", !vec4)
         .bool("ACC", acc)
 }
@@ -232,9 +241,22 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
         }
         v.push((&FILL, spec(0, vec4, false)));
         if f16 {
-            // GELU's gradient under autocast, stored f16 for the products that read it.
+            // GELU's gradient under autocast, stored f16 for the products that read it, from
+            // (g, z, g): z, and the gradient of a GELU linear's output, stored f16 there.
             let gelu = ternary::unary_backward(UnaryOp::Gelu);
             v.push((&TERNARY, spec_out(gelu, vec4, false, true)));
+            for f16_out in [false, true] {
+                for g in [false, true] {
+                    v.push((
+                        &TERNARY,
+                        spec_typed(gelu, vec4, false, f16_out, [g, true, g]),
+                    ));
+                }
+                v.push((
+                    &TERNARY,
+                    spec_typed(gelu, vec4, false, f16_out, [true, false, true]),
+                ));
+            }
         }
     }
     v

@@ -533,7 +533,8 @@ pub fn spec_ones(t: Tile, acc: bool, types: Types, vectors: (bool, bool), ones: 
             .bool("B_V4", vectors.1)
             .bool("ACC", acc)
             .bool("ONES", ones)
-            .u32("SPLIT_EPI", 0),
+            .u32("SPLIT_EPI", 0)
+            .ty("PE", "f32"),
     )
 }
 
@@ -576,6 +577,11 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
                     v.push((&MATMUL, spec(t, acc, ty, vectors)));
                     v.push((&MATMUL_BIAS, spec(t, acc, ty, vectors)));
                     v.push((&MATMUL_BIAS_GELU, spec(t, acc, ty, vectors)));
+                    if ty.half {
+                        // GELU's pre-activation stored f16 under autocast.
+                        let s = spec(t, acc, ty, vectors).with_ty("PE", "f16");
+                        v.push((&MATMUL_BIAS_GELU, s));
+                    }
                     if !acc && ty.c == DType::F32 {
                         v.push((&MATMUL_BIAS_RES, spec(t, acc, ty, vectors)));
                     }

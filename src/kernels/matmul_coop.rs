@@ -527,6 +527,7 @@ pub fn spec_ones(
         .source("TILE", if coop.words { TILE_WORDS } else { TILE_F16 })
         .source("C", if c_vec { C_VEC4 } else { C_ELEMS })
         .ty("PB", "f32")
+        .ty("PE", "f32")
         .source("PRE", PRE_ELEMS)
         .source("UNROLLED", generated(t, coop, c_direct, x3))
 }
@@ -536,7 +537,22 @@ pub fn spec_ones(
 /// (`CStore::Vec4`): for the launcher to choose where every row the epilogue touches starts on
 /// a vector (N and the offset multiples of 4) inside the binding.
 pub fn pre_vectors(spec: Spec) -> Spec {
-    spec.with_ty("PB", "vec4<f32>").with_source("PRE", PRE_VEC4)
+    pre_binding(spec, true, false)
+}
+
+/// `spec` with `pre` bound as vectors of 4 (`vectors`, as `pre_vectors`) or elements, of f16
+/// (`f16`: GELU's pre-activation under autocast, which its gradient reads as f16) or f32.
+pub fn pre_binding(spec: Spec, vectors: bool, f16: bool) -> Spec {
+    let (pb, pe) = match (vectors, f16) {
+        (true, true) => ("vec4<f16>", "f16"),
+        (true, false) => ("vec4<f32>", "f32"),
+        (false, true) => ("f16", "f16"),
+        (false, false) => ("f32", "f32"),
+    };
+    let source = if vectors { PRE_VEC4 } else { PRE_ELEMS };
+    spec.with_ty("PB", pb)
+        .with_ty("PE", pe)
+        .with_source("PRE", source)
 }
 
 /// The part of the kernel generated per tile shape: FM x FN accumulators and the UA + UB
@@ -1209,6 +1225,9 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                         for kernel in [&MATMUL_COOP, &MATMUL_COOP_BIAS, &MATMUL_COOP_BIAS_GELU] {
                             v.push((kernel, spec(t, acc, ty, coop, (a, b), CStore::Elems)));
                         }
+                        // GELU's pre-activation stored f16 (autocast).
+                        let s = spec(t, acc, ty, coop, (a, b), CStore::Elems);
+                        v.push((&MATMUL_COOP_BIAS_GELU, pre_binding(s, false, true)));
                         // A residual is added to a new f32 output.
                         if !acc && ty.c == DType::F32 {
                             let s = spec(t, acc, ty, coop, (a, b), CStore::Elems);
@@ -1226,6 +1245,7 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                         }
                         // `pre` in vectors too (GELU's pre-activation, the residual).
                         v.push((&MATMUL_COOP_BIAS_GELU, pre_vectors(s.clone())));
+                        v.push((&MATMUL_COOP_BIAS_GELU, pre_binding(s.clone(), true, true)));
                         if !acc && ty.c == DType::F32 {
                             v.push((&MATMUL_COOP_BIAS_RES, s.clone()));
                             v.push((&MATMUL_COOP_BIAS_RES, pre_vectors(s)));

@@ -11,9 +11,9 @@ use crate::kernels::elementwise::{self, ternary, BinaryOp, ElementwiseParams, Un
 use crate::kernels::{pack8, KernelDesc};
 use crate::ops::Out;
 
-/// Records `kernel` with op `code` over `inputs` broadcast to `out_shape`, into `out`: a new
-/// f32 tensor, or a given one of f32 or f16 (each value computed in f32 and rounded once as it
-/// is stored).
+/// Records `kernel` with op `code` over `inputs` (f32 or f16, read as f32) broadcast to
+/// `out_shape`, into `out`: a new f32 tensor, or a given one of f32 or f16 (each value computed
+/// in f32 and rounded once as it is stored).
 pub(crate) fn launch(
     op: &'static str,
     kernel: &'static KernelDesc,
@@ -25,7 +25,9 @@ pub(crate) fn launch(
 ) -> Result<Tensor> {
     let first = inputs[0];
     for t in inputs {
-        t.expect_dtype(op, DType::F32)?;
+        if t.dtype() != DType::F16 {
+            t.expect_dtype(op, DType::F32)?;
+        }
         first.expect_same_device(op, t)?;
     }
     let dtype = match out {
@@ -109,7 +111,11 @@ pub(crate) fn launch(
     storages.extend(inputs.iter().map(|t| t.storage()));
     device.record(
         kernel,
-        &elementwise::spec_out(code, vec4, acc, dtype == DType::F16),
+        &elementwise::spec_typed(code, vec4, acc, dtype == DType::F16, {
+            // Operand slots a, b, c (unused ones repeat a).
+            let f16 = |i: usize| inputs.get(i).unwrap_or(&first).dtype() == DType::F16;
+            [f16(0), f16(1), f16(2)]
+        }),
         &params,
         &storages,
         groups,

@@ -3,10 +3,10 @@
 //! residual r added there too (`linear_residual`). W is (K, N), the layout of GPT-2's Conv1D
 //! weights, so Hugging Face weights load without a transpose.
 //!
-//! Backward: dz = g (or g * gelu'(z) from the saved pre-activation z, one dispatch, stored f16
-//! under autocast); dW = x^T dz with, over few rows, db = the sums of dz over rows in the same
-//! product (x^T extended by a row of ones; else a reduction), and dx = dz W^T, each written
-//! into its gradient by the matmul.
+//! Backward: dz = g (or g * gelu'(z) from the saved pre-activation z, one dispatch; under
+//! autocast z, the output's gradient g and dz are stored f16); dW = x^T dz with, over few
+//! rows, db = the sums of dz over rows in the same product (x^T extended by a row of ones;
+//! else a reduction), and dx = dz W^T, each written into its gradient by the matmul.
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
@@ -37,9 +37,16 @@ struct LinearBackward {
     half: bool,
 }
 
+/// The rule name of a linear with GELU's epilogue (`BackwardCtx::input_rule` finds it).
+const GELU_RULE: &str = "linear_gelu";
+
 impl Backward for LinearBackward {
     fn name(&self) -> &'static str {
-        "linear"
+        if self.pre.is_some() {
+            GELU_RULE
+        } else {
+            "linear"
+        }
     }
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
@@ -141,8 +148,20 @@ impl LinearBackward {
         if ctx.needed(0) {
             let x_shape = ctx.input(0).shape().to_vec();
             let wt = self.w.t()?;
-            ctx.put_with(0, |out| match out {
-                Out::New => dz.matmul_into(&wt, Out::New)?.reshape(&x_shape),
+            // Under autocast, the gradient of a GELU linear's output is stored f16 (its one
+            // usual reader, GELU's gradient, reads it as f32): the MLP's second dX.
+            let dx_dtype = if self.half
+                && gelu_half() == GeluHalf::All
+                && ctx.input_rule(0) == Some(GELU_RULE)
+            {
+                DType::F16
+            } else {
+                DType::F32
+            };
+            ctx.put_with_typed(0, dx_dtype, |out| match out {
+                Out::New => dz
+                    .matmul_epilogue_into(&wt, Epilogue::None, Out::New, dx_dtype)?
+                    .reshape(&x_shape),
                 Out::Write(t) | Out::Acc(t) => {
                     let acc = matches!(out, Out::Acc(_));
                     match t.layout().reshape(&[dz.shape()[0], wt.shape()[1]]) {
@@ -187,6 +206,29 @@ fn bias_grad_in_product(rows: usize, half: bool) -> bool {
         "reduce" => false,
         _ => half || rows <= BIAS_GRAD_IN_PRODUCT_ROWS,
     }
+}
+
+/// What of a GELU linear is stored f16 under autocast (`WGRAD_GELU_HALF`, a measurement
+/// switch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum GeluHalf {
+    /// `WGRAD_GELU_HALF=none`: the pre-activation z and the output's gradient f32.
+    None,
+    /// `WGRAD_GELU_HALF=pre`: z f16, the output's gradient f32.
+    Pre,
+    /// The default: z f16, and the output's gradient f16 where the linear that reads the
+    /// output makes it new (GELU's gradient reads both as f32; f16 is what PyTorch's autocast
+    /// saves and propagates there too).
+    All,
+}
+
+fn gelu_half() -> GeluHalf {
+    static MODE: std::sync::OnceLock<GeluHalf> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("WGRAD_GELU_HALF").as_deref() {
+        Ok("none") => GeluHalf::None,
+        Ok("pre") => GeluHalf::Pre,
+        _ => GeluHalf::All,
+    })
 }
 
 /// Which of a linear's dz are f16 under autocast (`WGRAD_DZ`, a measurement switch).
@@ -235,7 +277,8 @@ impl Tensor {
     }
 
     /// `linear` with its output stored as `dtype` (f32, or f16 for a consumer that reads f16
-    /// operands: the cast is the matmul's store). The pre-activation GELU saves stays f32.
+    /// operands: the cast is the matmul's store). The pre-activation GELU saves is f16 under
+    /// autocast, else f32.
     pub fn linear_as(
         &self,
         w: &Tensor,
@@ -355,7 +398,13 @@ impl Tensor {
                 (xd.matmul_epilogue_into(&wd, epilogue, out, dtype)?, None)
             }
             (Some(bias), Activation::Gelu) => {
-                let pre = Tensor::uninit(self.device(), &[rows, n], DType::F32, OP)?;
+                // Under autocast the pre-activation is stored f16 (GELU's gradient reads it).
+                let pre_dtype = if half && gelu_half() != GeluHalf::None {
+                    DType::F16
+                } else {
+                    DType::F32
+                };
+                let pre = Tensor::uninit(self.device(), &[rows, n], pre_dtype, OP)?;
                 let y = xd.matmul_epilogue_into(
                     &wd,
                     Epilogue::BiasGelu {

@@ -469,6 +469,9 @@ impl Tensor {
             ..key
         };
         let choice = choose_kernel(dev, &key);
+        // GELU's pre-activation stored f16 (under autocast: its gradient reads it as f16).
+        let pre_f16 =
+            matches!(epilogue, Epilogue::BiasGelu { pre, .. } if pre.dtype() == DType::F16);
         let on_x3 = matches!(choice, Choice::Coop(..)) && x3(dev, &key);
         if let Some(sums) = sums {
             if batch != 1 || (matches!(choice, Choice::Coop(..)) && !m.is_multiple_of(8)) {
@@ -659,11 +662,11 @@ impl Tensor {
                                 }
                                 _ => false,
                             };
-                        if c_store == matmul_coop::CStore::Vec4
+                        let vectors = c_store == matmul_coop::CStore::Vec4
                             && coop.stores_vectors()
-                            && pre_rows_on_vectors
-                        {
-                            matmul_coop::pre_vectors(spec)
+                            && pre_rows_on_vectors;
+                        if vectors || pre_f16 {
+                            matmul_coop::pre_binding(spec, vectors, pre_f16)
                         } else {
                             spec
                         }
@@ -684,7 +687,8 @@ impl Tensor {
                     kernel_types,
                     matmul::vector_reads(tile, &a_layout, &b_layout),
                     sums.is_some(),
-                ),
+                )
+                .with_ty("PE", if pre_f16 { "f16" } else { "f32" }),
             ),
         };
         let groups = [
@@ -889,10 +893,11 @@ impl Tensor {
                     if pre.shape() != out.shape()
                         || !pre.is_contiguous()
                         || pre.layout().offset != 0
+                        || !matches!(pre.dtype(), DType::F32 | DType::F16)
                     {
                         return Err(Error::InvalidArgument {
                             op: "linear",
-                            reason: "the pre-activation buffer must be a new contiguous tensor of the output's shape".into(),
+                            reason: "the pre-activation buffer must be a new contiguous f32 or f16 tensor of the output's shape".into(),
                         });
                     }
                     let mut s = storages.to_vec();
