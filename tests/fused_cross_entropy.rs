@@ -556,3 +556,126 @@ fn lm_head_in_padded_rows_with_f16_gradients_matches_the_plain_head() -> Result<
     }
     Ok(())
 }
+
+/// Given the seed its backward will get (`cross_entropy_seeded`), the loss's dispatch writes
+/// dlogits too and the backward hands them over (no dispatch where the logits are a leaf's
+/// first gradient; a copy into a view, or added into an existing gradient): loss and dlogits
+/// (seed times the reference) against f64 with logits f32 and f16 (their rounded values),
+/// dlogits f32 and f16, rows on vectors and padded (the padding gets no gradient), an ignored
+/// row. Seeded otherwise than with the seed, and with rows off vectors, it computes dlogits in
+/// the backward as before. Fails with `WGRAD_CE_FUSED=0` (its dispatch counts).
+#[test]
+fn a_seeded_loss_computes_its_gradient_in_the_forward_dispatch() -> Result<()> {
+    let d = private_dev();
+    let mut rng = rng("ce_seeded");
+    let seed_value = 3.5f32;
+    let halves: &[bool] = if d.gpu().has(wgrad::wgpu::Features::SHADER_F16) {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    // (rows, V, row stride): a leaf on vectors, padded rows of a leaf on vectors, rows off them.
+    for (n, v, vp) in [(5, 8, 8), (3, 50257, 50304), (4, 1000, 1003)] {
+        let on_vectors = vp % 4 == 0;
+        for &half in halves {
+            let full = Arr::rand(&mut rng, &[n, vp], -6.0, 6.0);
+            let full = if half {
+                Arr {
+                    shape: full.shape.clone(),
+                    data: full
+                        .data
+                        .iter()
+                        .map(|&x| half::f16::from_f64(x).to_f64())
+                        .collect(),
+                }
+            } else {
+                full
+            };
+            let x = full.narrow(1, 0, v);
+            let mut targets = rand_targets(&mut rng, n, v);
+            let ignore = v as u32 + 7;
+            targets[1] = ignore;
+            let (want_loss, want_grad) = ce_ref(&x.data, &targets, v, Some(ignore));
+            let t = Tensor::from_u32(&d, &targets, &[n])?;
+            for grad_dtype in [DType::F32, DType::F16] {
+                if grad_dtype == DType::F16 && !half {
+                    continue;
+                }
+                for (seeded_with_seed, pass) in [(true, 1), (true, 2), (false, 1)] {
+                    let what = format!(
+                        "({n}, {v}, {vp}) half {half} dlogits {grad_dtype:?} pass {pass}, \
+                         seeded with {}",
+                        if seeded_with_seed {
+                            "the seed"
+                        } else {
+                            "another"
+                        }
+                    );
+                    let leaf = {
+                        let l = full.upload(&d);
+                        if half {
+                            l.to_dtype(DType::F16)?
+                        } else {
+                            l
+                        }
+                    }
+                    .requires_grad();
+                    let logits = if vp == v {
+                        leaf.clone()
+                    } else {
+                        leaf.narrow(1, 0, v)?
+                    };
+                    let seed = Tensor::full(&d, &[], seed_value)?;
+                    let mut want = want_grad.clone();
+                    for p in 0..pass {
+                        let c0 = d.counters();
+                        let loss = logits.cross_entropy_seeded(
+                            &t,
+                            Some(ignore),
+                            grad_dtype,
+                            Some(&seed),
+                        )?;
+                        let c1 = d.counters();
+                        let upstream = if seeded_with_seed {
+                            seed.clone()
+                        } else {
+                            Tensor::full(&d, &[], seed_value)?
+                        };
+                        loss.backward_with(&upstream)?;
+                        let c2 = d.counters();
+                        assert_close(&[loss.item()?], &[want_loss], TOL, &format!("loss {what}"));
+                        let (fwd, bwd) =
+                            ((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches);
+                        // The fused dispatch and the mean; handed over (none), copied into a
+                        // view or added (one), or computed in the backward (one); a view's
+                        // first gradient zeroes its base's buffer first (one more).
+                        let handed = seeded_with_seed && on_vectors;
+                        let want_bwd = u64::from(!(handed && p == 0 && vp == v))
+                            + u64::from(vp != v && p == 0);
+                        assert_eq!(
+                            (fwd, bwd),
+                            (2, want_bwd),
+                            "dispatches (forward, backward), {what}"
+                        );
+                    }
+                    for w in want.iter_mut() {
+                        *w *= seed_value as f64 * pass as f64;
+                    }
+                    let grad = leaf.grad().expect("reached by backward").to_vec()?;
+                    let inside: Vec<f32> = grad.chunks(vp).flat_map(|r| r[..v].to_vec()).collect();
+                    let padding: Vec<f32> = grad.chunks(vp).flat_map(|r| r[v..].to_vec()).collect();
+                    let s = (v * (n - 1)) as f64 / seed_value as f64;
+                    let got: Vec<f32> = inside.iter().map(|&g| (g as f64 * s) as f32).collect();
+                    let want: Vec<f64> = want.iter().map(|w| w * s).collect();
+                    let tol = if grad_dtype == DType::F16 { 4e-3 } else { TOL };
+                    assert_close(&got, &want, tol, &format!("dlogits {what}"));
+                    assert!(
+                        padding.iter().all(|&g| g == 0.0),
+                        "gradient in the padding, {what}"
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
