@@ -81,12 +81,9 @@ impl Trainer {
         dev.submit_early(self.first_submit);
         for (x, y) in micro_batches {
             dev.set_phase(Phase::Forward);
-            // The backward's seed, known before the forward: cross-entropy computes the
-            // logits' gradient with the loss (`Gpt2::loss_seeded`).
-            let seed = self.opt.loss_seed(1.0 / n)?;
             let loss = {
                 let _span = tracing::info_span!("forward").entered();
-                self.model.loss_seeded(x, y, Some(&seed))?
+                self.model.loss(x, y)?
             };
             // The forward goes to the GPU now, and runs while the backward is recorded and
             // encoded (a step whose loss is read back would otherwise wait for all of it). In
@@ -95,6 +92,7 @@ impl Trainer {
             dev.flush_if_compiled();
             {
                 let _span = tracing::info_span!("backward").entered();
+                let seed = self.opt.loss_seed(1.0 / n)?;
                 loss.backward_with(&seed)?;
             }
             let loss = loss.detach();

@@ -20,12 +20,6 @@
 // cross_entropy_backward_vec4: the same, 4 columns a lane through vec4 loads and stores (rows
 //   on 4-element boundaries, checked by the launcher). The last vector of a row may reach past
 //   V into the row's padding: its components there are read back and stored unchanged.
-// cross_entropy_fused_vec4: the forward and the backward of a row in one workgroup, where the
-//   upstream gradient g is known before the backward (a training step's loss seed, already on
-//   the GPU): the forward_vec4 pass, then, with the row's lse in every lane, the
-//   backward_vec4 pass (not accumulating) into a new dlogits. The row's second read mostly
-//   comes from L2 (a workgroup's row is V * 2 or 4 bytes), so the logits cross the memory bus
-//   once where the two kernels read them twice.
 //
 // Memory: logits (rows, V) from x_offset, rows x_rs apart (unit column stride); targets (rows)
 // from target_offset; loss and lse (rows); dlogits (rows, V) from out_offset, rows out_rs
@@ -68,8 +62,6 @@ struct Params {
 // The _vec4 kernels' views of the logits and dlogits, 4 elements a vector.
 @group(0) @binding(3) var<storage, read> logits4: array<vec4<XT>>;
 @group(0) @binding(1) var<storage, read_write> dlogits4: array<vec4<OT>>;
-// cross_entropy_fused_vec4: loss, lse_out, logits4, targets, g, and dlogits here.
-@group(0) @binding(6) var<storage, read_write> dlogits_fused: array<vec4<OT>>;
 
 // The most negative f32: the running max before any logit (exp(-FLT_MAX - M) is 0, where
 // -inf could make inf - inf).
@@ -99,21 +91,20 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
     if (lanes.lid == 0u && t != p.ignore_index) {
         picked = f32(logits[base + t]);
     }
-    _ = finish_row(row, t, picked, m, s, lanes);
+    finish_row(row, t, picked, m, s, lanes);
 }
 
 // The workgroup's lse and loss of a row from each lane's running max m and sum s; `picked` is
 // the target's logit, read by lane 0 (each entry point through its own view of the logits).
-// Returns the lse to every lane.
-fn finish_row(row: u32, t: u32, picked: f32, m: f32, s: f32, lanes: Lanes) -> f32 {
+fn finish_row(row: u32, t: u32, picked: f32, m: f32, s: f32, lanes: Lanes) {
     let row_max = wg_max(m, lanes);
     let sum = wg_sum(s * exp(m - row_max), lanes);
-    let l = row_max + log(sum);
+
     if (lanes.lid == 0u) {
+        let l = row_max + log(sum);
         lse_out[row] = l;
         loss[row] = select(l - picked, 0.0, t == p.ignore_index);
     }
-    return l;
 }
 
 // A vector of logits in f32, its components at columns past V the lowest f32.
@@ -129,8 +120,11 @@ fn online_add(ms: vec2<f32>, v: vec4<f32>) -> vec2<f32> {
     return vec2<f32>(m, ms.y * exp(ms.x - m) + (e.x + e.y) + (e.z + e.w));
 }
 
-// The vec4 forward of a row (lse and loss stored), returning its lse to every lane.
-fn forward_row_vec4(row: u32, lanes: Lanes) -> f32 {
+@compute @workgroup_size(RED_WG)
+fn cross_entropy_forward_vec4(@builtin(workgroup_id) wid: vec3<u32>,
+                              @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
+    let row = wid.y * nwg.x + wid.x;
+    if (row >= p.rows) { return; }
     let base = p.x_offset + row * p.x_rs;
     let base4 = base / 4u;
     let quads = (p.cols + 3u) / 4u;
@@ -155,45 +149,7 @@ fn forward_row_vec4(row: u32, lanes: Lanes) -> f32 {
         let e = base + t; // base is a multiple of 4
         picked = f32(logits4[e / 4u][e % 4u]);
     }
-    return finish_row(row, t, picked, m, s, lanes);
-}
-
-@compute @workgroup_size(RED_WG)
-fn cross_entropy_forward_vec4(@builtin(workgroup_id) wid: vec3<u32>,
-                              @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let row = wid.y * nwg.x + wid.x;
-    if (row >= p.rows) { return; }
-    _ = forward_row_vec4(row, lanes);
-}
-
-@compute @workgroup_size(RED_WG)
-fn cross_entropy_fused_vec4(@builtin(workgroup_id) wid: vec3<u32>,
-                            @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let row = wid.y * nwg.x + wid.x;
-    // row is the same for the whole workgroup, so this exit skips no lane's barrier.
-    if (row >= p.rows) { return; }
-    let l = forward_row_vec4(row, lanes);
-    let base = (p.x_offset + row * p.x_rs) / 4u;
-    let out_base = (p.out_offset + row * p.out_rs) / 4u;
-    let t = targets[p.target_offset + row];
-    let ignored = t == p.ignore_index;
-    let scale = g[p.g_offset] * p.inv_n;
-    let quads = (p.cols + 3u) / 4u;
-    for (var q = lanes.lid; q < quads; q += RED_WG) {
-        let j = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
-        let onehot = select(vec4<f32>(0.0), vec4<f32>(1.0), j == vec4<u32>(t));
-        let e = exp(vec4<f32>(logits4[base + q]) - l);
-        let d = select(scale * (e - onehot), vec4<f32>(0.0), ignored);
-        let o = out_base + q;
-        let past = j >= vec4<u32>(p.cols);
-        if (past.w) {
-            // The row's padding past V: stored back unchanged.
-            let old = vec4<f32>(dlogits_fused[o]);
-            dlogits_fused[o] = vec4<OT>(select(d, old, past));
-        } else {
-            dlogits_fused[o] = vec4<OT>(d);
-        }
-    }
+    finish_row(row, t, picked, m, s, lanes);
 }
 
 // What both backward kernels read of a row: its target, whether it is ignored, the scale of

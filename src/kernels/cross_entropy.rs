@@ -1,7 +1,6 @@
 //! Launcher of `wgsl/cross_entropy.wgsl`: per-row cross-entropy of logits (f32 or f16) against
 //! u32 targets (forward, saving lse) and dlogits (backward), each one pass over the logits,
-//! scalar or 4 columns a lane where the rows sit on 4-element boundaries; or both in one
-//! dispatch where the upstream gradient is on the GPU before the backward (a step's loss seed).
+//! scalar or 4 columns a lane where the rows sit on 4-element boundaries.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -86,22 +85,6 @@ pub static CROSS_ENTROPY_BACKWARD_VEC4: KernelDesc = KernelDesc {
     params_size: PARAMS,
 };
 
-/// The forward and backward of a row in one dispatch (`cross_entropy_fused_vec4`): loss, lse,
-/// logits, targets, g, dlogits.
-pub static CROSS_ENTROPY_FUSED_VEC4: KernelDesc = KernelDesc {
-    name: "cross_entropy_fused_vec4",
-    family: &FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-    ],
-    params_size: PARAMS,
-};
-
 fn ty(f16: bool) -> &'static str {
     if f16 {
         "f16"
@@ -132,9 +115,6 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
                     v.push((desc, spec(acc, grad_f16, logits_f16)));
                 }
             }
-        }
-        for &grad_f16 in halves {
-            v.push((&CROSS_ENTROPY_FUSED_VEC4, spec(false, grad_f16, logits_f16)));
         }
     }
     v

@@ -294,24 +294,9 @@ impl Gpt2 {
 
     /// Mean next-token cross-entropy of `ids` (B, T) against `targets` (B, T).
     pub fn loss(&self, ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
-        self.loss_seeded(ids, targets, None)
-    }
-
-    /// `loss`, told the gradient its backward will be seeded with (`seed`, a scalar f32 on the
-    /// GPU, as a training step's loss scale): with the fused kernels, where the logits are one
-    /// binding, cross-entropy then computes the logits' gradient in the same pass as the loss
-    /// (`Tensor::cross_entropy_seeded`). The same values either way.
-    pub fn loss_seeded(
-        &self,
-        ids: &Tensor,
-        targets: &Tensor,
-        seed: Option<&Tensor>,
-    ) -> Result<Tensor> {
         if self.kernels == Kernels::Fused && ids.rank() == 2 {
             let per_chunk = self.logit_rows_per_binding();
-            return crate::ops::autocast(self.amp, || {
-                self.fused_loss(ids, targets, per_chunk, seed)
-            });
+            return crate::ops::autocast(self.amp, || self.fused_loss(ids, targets, per_chunk));
         }
         let logits = self.forward(ids)?;
         match self.kernels {
@@ -336,15 +321,8 @@ impl Gpt2 {
     /// are f16 (the LM head's backward products round the gradient to f16 anyway). When the
     /// logits are over one storage binding, the LM head and cross-entropy run over chunks of
     /// `per_chunk` token rows, each chunk's mean weighted by its share of the rows (the same
-    /// mean; the logits live in one buffer per chunk; a chunk's upstream gradient is not the
-    /// seed, so `seed` serves the one-chunk case alone).
-    fn fused_loss(
-        &self,
-        ids: &Tensor,
-        targets: &Tensor,
-        per_chunk: usize,
-        seed: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    /// mean; the logits live in one buffer per chunk).
+    fn fused_loss(&self, ids: &Tensor, targets: &Tensor, per_chunk: usize) -> Result<Tensor> {
         let n = ids.numel();
         let hidden = self.forward_hidden(ids)?;
         let c = hidden.shape()[2];
@@ -364,7 +342,7 @@ impl Gpt2 {
         };
         if n <= per_chunk {
             let logits = self.loss_logits(&hidden, logits_dtype)?; // (B*T, V)
-            return logits.cross_entropy_seeded(&targets.reshape(&[n])?, None, grad_dtype, seed);
+            return logits.cross_entropy_grad_as(&targets.reshape(&[n])?, None, grad_dtype);
         }
         let host = targets
             .host_u32()

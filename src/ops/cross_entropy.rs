@@ -1,9 +1,7 @@
 //! Cross-entropy of logits against u32 class targets, fused. The forward is one pass over the
 //! logits (an online max and rescaled sum give lse, then the per-row loss) and the mean over
 //! the non-ignored rows (1 / n_valid folded into the sum's scale); backward writes dlogits in
-//! one pass from the saved lse; or, given the seed of the backward to come
-//! (`cross_entropy_seeded`), the forward writes dlogits too, in the same pass over the row.
-//! `cross_entropy_unfused` is the same function in existing ops
+//! one pass from the saved lse. `cross_entropy_unfused` is the same function in existing ops
 //! (log_softmax, a one-hot product, a sum): the reference tests compare.
 //!
 //! Shapes: logits (..., V) seen as (N, V) rows (read in place when the leading dims merge into
@@ -34,10 +32,6 @@ struct CrossEntropyBackward {
     inv_n: f32,
     /// The element type of a new dlogits (f32, or f16 for a consumer that rounds to f16).
     grad_dtype: DType,
-    /// (dlogits, the seed it was made for) where the forward computed the gradient too
-    /// (`cross_entropy_seeded`): the backward hands it over when its upstream gradient is
-    /// that seed.
-    seeded: Option<(Tensor, Tensor)>,
 }
 
 /// Offset and row stride of `t` (..., V) as rows of V unit-stride elements, each row apart
@@ -62,15 +56,6 @@ impl Backward for CrossEntropyBackward {
     }
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
-        if let Some((dlogits, seed)) = &self.seeded {
-            let same = g.same_storage(seed) && g.layout().offset == seed.layout().offset;
-            if same {
-                return ctx.put_with(0, |out| match out {
-                    Out::New => Ok(dlogits.clone()),
-                    out => launch_copy(dlogits, out),
-                });
-            }
-        }
         ctx.put_with(0, |out| self.dlogits(g, out))
     }
 }
@@ -147,13 +132,6 @@ impl CrossEntropyBackward {
         );
         Ok(target)
     }
-}
-
-/// Whether a seeded cross-entropy computes the gradient with the loss (`WGRAD_CE_FUSED=0`, a
-/// measurement switch, turns it off).
-fn fused_enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("WGRAD_CE_FUSED").as_deref() != Ok("0"))
 }
 
 /// Whether `rows` rows of `cols` elements of `t`, from `off` and `rs` apart, read in vectors of
@@ -286,37 +264,7 @@ impl Tensor {
         ignore_index: Option<u32>,
         grad_dtype: DType,
     ) -> Result<Tensor> {
-        self.cross_entropy_seeded(targets, ignore_index, grad_dtype, None)
-    }
-
-    /// `cross_entropy_grad_as` that, given `seed` (a scalar f32 tensor on the GPU: the
-    /// gradient the caller will seed this loss's backward with, as a training step's loss
-    /// scale), computes the gradient of the logits in the same dispatch as the loss (the
-    /// logits read from memory once instead of twice). The backward hands that gradient over
-    /// when its upstream gradient is `seed` itself, and computes it as usual otherwise. Where
-    /// the logits' rows are not on vectors of 4, or `WGRAD_CE_FUSED=0` (a measurement
-    /// switch), the seed is not used.
-    pub fn cross_entropy_seeded(
-        &self,
-        targets: &Tensor,
-        ignore_index: Option<u32>,
-        grad_dtype: DType,
-        seed: Option<&Tensor>,
-    ) -> Result<Tensor> {
         let checked = check_args(OP, self, targets, ignore_index)?;
-        if let Some(seed) = seed {
-            if seed.numel() != 1 || seed.dtype() != DType::F32 {
-                return Err(Error::InvalidArgument {
-                    op: OP,
-                    reason: format!(
-                        "the seed is one f32 (the loss's upstream gradient), not {:?} of {:?}",
-                        seed.shape(),
-                        seed.dtype()
-                    ),
-                });
-            }
-            self.expect_same_device(OP, seed)?;
-        }
         let n_valid = checked.n_valid();
         let x = match rows_of(self) {
             Some(_) => self.clone(),
@@ -337,62 +285,29 @@ impl Tensor {
             x_rs: x_rs as u32,
             ..Default::default()
         };
-        let vec4 = in_vectors(&x, rows, checked.classes, (x_off, x_rs));
+        let kernel = if in_vectors(&x, rows, checked.classes, (x_off, x_rs)) {
+            &cross_entropy::CROSS_ENTROPY_FORWARD_VEC4
+        } else {
+            &cross_entropy::CROSS_ENTROPY_FORWARD
+        };
+        device.record(
+            kernel,
+            &cross_entropy::spec(false, false, x.dtype() == DType::F16),
+            &params,
+            &[
+                row_loss.storage(),
+                lse.storage(),
+                x.storage(),
+                targets.storage(),
+            ],
+            device.grid(rows as u64),
+        );
         // The mean: 1 / n_valid is the sum's scale. With no valid row the sum is 0 and the
         // scale NaN, so the loss is NaN, as PyTorch's 0 / 0.
         let inv_n = if n_valid == 0 {
             f32::NAN
         } else {
             1.0 / n_valid as f32
-        };
-        let grad_inv_n = if n_valid == 0 { 0.0 } else { inv_n };
-        let seeded = match seed {
-            Some(seed) if vec4 && fused_enabled() => {
-                // dlogits with the logits' row stride (their padding, if any), as `dlogits`.
-                let dlogits = Tensor::uninit_rows(device, x.shape(), x_rs, grad_dtype, OP)?;
-                let params = CrossEntropyParams {
-                    out_offset: dlogits.layout().offset as u32,
-                    out_rs: x_rs as u32,
-                    g_offset: seed.layout().offset as u32,
-                    inv_n: grad_inv_n,
-                    ..params
-                };
-                device.record(
-                    &cross_entropy::CROSS_ENTROPY_FUSED_VEC4,
-                    &cross_entropy::spec(false, grad_dtype == DType::F16, x.dtype() == DType::F16),
-                    &params,
-                    &[
-                        row_loss.storage(),
-                        lse.storage(),
-                        x.storage(),
-                        targets.storage(),
-                        seed.storage(),
-                        dlogits.storage(),
-                    ],
-                    device.grid(rows as u64),
-                );
-                Some((dlogits, seed.detach()))
-            }
-            _ => {
-                let kernel = if vec4 {
-                    &cross_entropy::CROSS_ENTROPY_FORWARD_VEC4
-                } else {
-                    &cross_entropy::CROSS_ENTROPY_FORWARD
-                };
-                device.record(
-                    kernel,
-                    &cross_entropy::spec(false, false, x.dtype() == DType::F16),
-                    &params,
-                    &[
-                        row_loss.storage(),
-                        lse.storage(),
-                        x.storage(),
-                        targets.storage(),
-                    ],
-                    device.grid(rows as u64),
-                );
-                None
-            }
         };
         // row_loss carries no autograd record, so this sum records no backward of its own.
         let loss = row_loss.reduce_all(ReduceOp::Sum, inv_n)?;
@@ -401,9 +316,8 @@ impl Tensor {
             targets: targets.detach(),
             lse,
             ignore_index,
-            inv_n: grad_inv_n,
+            inv_n: if n_valid == 0 { 0.0 } else { inv_n },
             grad_dtype,
-            seeded,
         }))
     }
 
