@@ -967,6 +967,76 @@ fn an_autocast_mlp_stores_z_and_the_gelu_outputs_gradient_in_f16() -> Result<()>
     Ok(())
 }
 
+/// A GELU linear's output read by two linears under autocast: its gradient gets two
+/// contributions, so it stays f32 (`BackwardCtx::sole_contribution`); z is still f16. dx, dW1
+/// and db1 against f64 with dh = g W2^T + g W3^T unrounded and z, dz rounded to f16.
+#[test]
+fn an_autocast_gelu_output_read_twice_keeps_its_gradient_f32() -> Result<()> {
+    use wgrad::ops::autocast;
+    let d = dev();
+    if !halves(d).contains(&true) {
+        return Err(wgrad::Error::InvalidArgument {
+            op: "test",
+            reason: "the adapter has no shader-f16 (lavapipe has it)".into(),
+        });
+    }
+    let mut r = rng("autocast gelu output read twice");
+    let (rows, k, n, m) = (300, 24, 40, 12);
+    let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
+    let w1s = rand_vec(&mut r, k * n, -0.5, 0.5);
+    let b1s = rand_vec(&mut r, n, -0.5, 0.5);
+    let w2s = rand_vec(&mut r, n * m, -0.5, 0.5);
+    let w3s = rand_vec(&mut r, n * m, -0.5, 0.5);
+    let bs = rand_vec(&mut r, m, -0.5, 0.5);
+    let gs = rand_vec(&mut r, rows * m, -1.0, 1.0);
+    let f16 = |v: f64| round(&[v as f32], true)[0];
+    let (x64, w164, w264, w364, g64) = (
+        round(&xs, true),
+        round(&w1s, true),
+        round(&w2s, true),
+        round(&w3s, true),
+        round(&gs, true),
+    );
+    let (mut dx, mut dw1, mut db1) = (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
+    for row in 0..rows {
+        for j in 0..n {
+            let z = b1s[j] as f64
+                + (0..k)
+                    .map(|i| x64[row * k + i] * w164[i * n + j])
+                    .sum::<f64>();
+            let dh: f64 = (0..m)
+                .map(|c| g64[row * m + c] * (w264[j * m + c] + w364[j * m + c]))
+                .sum();
+            let dz = f16(dh * gelu_and_grad(f16(z)).1);
+            db1[j] += dz;
+            for i in 0..k {
+                dx[row * k + i] += dz * w164[i * n + j];
+                dw1[i * n + j] += x64[row * k + i] * dz;
+            }
+        }
+    }
+    let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
+    let w1 = Tensor::from_slice(d, &w1s, &[k, n])?.requires_grad();
+    let b1 = Tensor::from_slice(d, &b1s, &[n])?.requires_grad();
+    let w2 = Tensor::from_slice(d, &w2s, &[n, m])?;
+    let w3 = Tensor::from_slice(d, &w3s, &[n, m])?;
+    let b = Tensor::from_slice(d, &bs, &[m])?;
+    let y = autocast(true, || -> Result<Tensor> {
+        let h = x.linear_as(&w1, Some(&b1), Activation::Gelu, wgrad::DType::F16)?;
+        h.linear(&w2, Some(&b), Activation::None)?.add(&h.linear(
+            &w3,
+            Some(&b),
+            Activation::None,
+        )?)
+    })?;
+    y.backward_with(&Tensor::from_slice(d, &gs, &[rows, m])?)?;
+    let got = grads(&[x, w1, b1])?;
+    for (i, (want, name)) in [(dx, "dx"), (dw1, "dW1"), (db1, "db1")].iter().enumerate() {
+        assert_close(&got[i], want, 2e-3, name);
+    }
+    Ok(())
+}
+
 /// A linear's dX product, recorded after dW's product, the dispatch that sums dW's ranges of K
 /// and the bias gradient's reduction, is encoded beside dW's product (`graph::schedule`): it
 /// reads what dW read and writes a new buffer, where the sum waits at a barrier. The step's

@@ -13,6 +13,9 @@ use crate::ops::Out;
 #[derive(Default)]
 struct GradStore {
     grads: HashMap<u64, (Tensor, bool)>,
+    /// How many inputs of the traversal's nodes each node is (a view counting for its base):
+    /// the contributions its gradient will get.
+    consumers: HashMap<u64, usize>,
 }
 
 /// What a rule sees: its inputs, and where each input's gradient goes.
@@ -58,6 +61,13 @@ impl BackwardCtx<'_> {
         f: impl FnOnce(Out<'_>) -> Result<Tensor>,
     ) -> Result<()> {
         put_into(self.store, &self.inputs[i], dtype, |out, _| f(out))
+    }
+
+    /// Whether this rule's contribution to input `i`'s gradient is the only one it gets: the
+    /// node that made it (or, for a view, its base) is an input of this traversal's nodes once.
+    pub(crate) fn sole_contribution(&self, i: usize) -> bool {
+        node_of(&self.inputs[i])
+            .is_some_and(|n| self.store.consumers.get(&n.id).copied() == Some(1))
     }
 
     /// The name of the rule that made input `i` (or, for a view, its base), if an op did.
@@ -349,12 +359,14 @@ fn node_of(t: &Tensor) -> Option<Arc<Node>> {
     }
 }
 
-/// Nodes reachable from `root`, each after every node that consumes it (root first).
-fn reverse_topological(root: &Tensor) -> Result<Vec<Arc<Node>>> {
+/// Nodes reachable from `root`, each after every node that consumes it (root first), and how
+/// many inputs of those nodes each node is.
+fn reverse_topological(root: &Tensor) -> Result<(Vec<Arc<Node>>, HashMap<u64, usize>)> {
     let mut order = Vec::new();
     let mut seen = HashSet::default();
+    let mut consumers: HashMap<u64, usize> = HashMap::default();
     let Some(start) = node_of(root) else {
-        return Ok(order);
+        return Ok((order, consumers));
     };
     // Iterative post-order DFS (graphs are deep: one node per op of a whole model).
     let mut stack: Vec<(Arc<Node>, Vec<Arc<Node>>)> = Vec::new();
@@ -376,6 +388,7 @@ fn reverse_topological(root: &Tensor) -> Result<Vec<Arc<Node>>> {
     stack.push((start, kids));
     while let Some((node, kids)) = stack.last_mut() {
         if let Some(kid) = kids.pop() {
+            *consumers.entry(kid.id).or_default() += 1;
             if seen.insert(kid.id) {
                 let grandkids = children(&kid)?;
                 stack.push((kid, grandkids));
@@ -386,7 +399,7 @@ fn reverse_topological(root: &Tensor) -> Result<Vec<Arc<Node>>> {
         }
     }
     order.reverse();
-    Ok(order)
+    Ok((order, consumers))
 }
 
 pub(super) fn run(root: &Tensor, seed: &Tensor) -> Result<()> {
@@ -413,8 +426,11 @@ pub(super) fn run(root: &Tensor, seed: &Tensor) -> Result<()> {
 }
 
 fn traverse(root: &Tensor, seed: &Tensor) -> Result<()> {
-    let order = reverse_topological(root)?;
-    let mut store = GradStore::default();
+    let (order, consumers) = reverse_topological(root)?;
+    let mut store = GradStore {
+        consumers,
+        ..Default::default()
+    };
     let roots = [root.clone()];
     BackwardCtx {
         inputs: &roots,

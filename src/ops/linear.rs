@@ -148,11 +148,13 @@ impl LinearBackward {
         if ctx.needed(0) {
             let x_shape = ctx.input(0).shape().to_vec();
             let wt = self.w.t()?;
-            // Under autocast, the gradient of a GELU linear's output is stored f16 (its one
-            // usual reader, GELU's gradient, reads it as f32): the MLP's second dX.
+            // Under autocast, the gradient of a GELU linear's output is stored f16 where this
+            // is its only contribution (its reader, GELU's gradient, reads it as f32): the
+            // MLP's second dX.
             let dx_dtype = if self.half
                 && gelu_half() == GeluHalf::All
                 && ctx.input_rule(0) == Some(GELU_RULE)
+                && ctx.sole_contribution(0)
             {
                 DType::F16
             } else {
@@ -216,9 +218,9 @@ enum GeluHalf {
     None,
     /// `WGRAD_GELU_HALF=pre`: z f16, the output's gradient f32.
     Pre,
-    /// The default: z f16, and the output's gradient f16 where the linear that reads the
-    /// output makes it new (GELU's gradient reads both as f32; f16 is what PyTorch's autocast
-    /// saves and propagates there too).
+    /// The default: z f16, and the output's gradient f16 where a linear that reads the output
+    /// is all that contributes to it (GELU's gradient reads both as f32; f16 is what PyTorch's
+    /// autocast saves and propagates there too).
     All,
 }
 
