@@ -15,7 +15,7 @@ struct GradStore {
     grads: HashMap<u64, (Tensor, bool)>,
     /// How many inputs of the traversal's nodes each node is (a view counting for its base):
     /// the contributions its gradient will get.
-    consumers: HashMap<u64, usize>,
+    consumers: Consumers,
 }
 
 /// What a rule sees: its inputs, and where each input's gradient goes.
@@ -359,12 +359,15 @@ fn node_of(t: &Tensor) -> Option<Arc<Node>> {
     }
 }
 
+/// How many inputs of a traversal's nodes each node (by id) is.
+type Consumers = HashMap<u64, usize>;
+
 /// Nodes reachable from `root`, each after every node that consumes it (root first), and how
 /// many inputs of those nodes each node is.
-fn reverse_topological(root: &Tensor) -> Result<(Vec<Arc<Node>>, HashMap<u64, usize>)> {
+fn reverse_topological(root: &Tensor) -> Result<(Vec<Arc<Node>>, Consumers)> {
     let mut order = Vec::new();
     let mut seen = HashSet::default();
-    let mut consumers: HashMap<u64, usize> = HashMap::default();
+    let mut consumers = Consumers::default();
     let Some(start) = node_of(root) else {
         return Ok((order, consumers));
     };
