@@ -541,7 +541,7 @@ pub fn pre_vectors(spec: Spec) -> Spec {
 }
 
 /// `spec` with `pre` bound as vectors of 4 (`vectors`, as `pre_vectors`) or elements, of f16
-/// (`f16`: GELU's pre-activation under autocast, which its gradient reads as f16) or f32.
+/// (`f16`: GELU's pre-activation under autocast, stored for its gradient) or f32.
 pub fn pre_binding(spec: Spec, vectors: bool, f16: bool) -> Spec {
     let (pb, pe) = match (vectors, f16) {
         (true, true) => ("vec4<f16>", "f16"),
