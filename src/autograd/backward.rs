@@ -72,15 +72,7 @@ impl BackwardCtx<'_> {
 
     /// The name of the rule that made input `i` (or, for a view, its base), if an op did.
     pub(crate) fn input_rule(&self, i: usize) -> Option<&'static str> {
-        let node = match meta(&self.inputs[i])? {
-            Meta::Node(node) => node,
-            Meta::View { base, .. } => match meta(base)? {
-                Meta::Node(node) => node,
-                _ => return None,
-            },
-            Meta::Leaf(_) => return None,
-        };
-        Some(node.name)
+        node_of(&self.inputs[i]).map(|n| n.name)
     }
 
     /// Inputs `i` and `j`, both wanting a gradient, get their contributions from one `f` (one
