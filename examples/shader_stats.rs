@@ -13,13 +13,14 @@
 //! entry point ENTRY, e.g. `matmul_coop_bias_gelu`, its epilogue through the scratch tile; the
 //! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too;
 //! `:vec` after any entry: the scratch epilogue storing 4 columns a lane, C bound as vectors) or
-//! `tiled:TILE` (the f32 tiled kernel; `tiled:TILE:ENTRY` its entry point ENTRY, e.g.
-//! `matmul_bias_res`; `tiled:TILE:ENTRY:v4` with both operands read in vectors of 4, as a
-//! step's aligned products are on a vector tile). The SPIR-V is written by naga with the
-//! options wgpu uses for the engine's shader modules (no bounds checks, no loop bounding, no
-//! division checks). `--no-robust` opens the device without robustBufferAccess / robustBufferAccess2
-//! (wgpu turns both on where offered), to see what the driver's bounds checks cost in
-//! registers.
+//! `attn:fwd|bwd:IN[:GRAD[:OUT]]` (the cooperative-matrix attention at head dim 64, its
+//! bindings' types f32 or f16) or `tiled:TILE` (the f32 tiled kernel; `tiled:TILE:ENTRY` its
+//! entry point ENTRY, e.g. `matmul_bias_res`; `tiled:TILE:ENTRY:v4` with both operands read
+//! in vectors of 4, as a step's aligned products are on a vector tile). The SPIR-V is written by
+//! naga with the options wgpu uses for the engine's shader modules (no bounds checks, no loop
+//! bounding, no division checks). `--no-robust` opens the device without robustBufferAccess /
+//! robustBufferAccess2 (wgpu turns both on where offered), to see what the driver's bounds checks
+//! cost in registers.
 
 use std::ffi::{c_char, CStr};
 
@@ -109,6 +110,36 @@ fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
             };
             let spec = matmul::spec_ones(t, false, Types::F32, (v4, v4), entry == "matmul_sums");
             Some((arg.to_string(), &matmul::FAMILY, entry, spec))
+        }
+        "attn" => {
+            // `attn:fwd|bwd:IN[:GRAD[:OUT]]`: the cooperative-matrix attention at D = 64, q, k
+            // and v of type IN, dO of GRAD (the backward), outputs of OUT (each f32 or f16;
+            // GRAD and OUT default to IN).
+            use wgrad::kernels::attention::Pass;
+            use wgrad::kernels::attention_coop::{self, Io};
+            let dtype = |s: Option<&str>| match s {
+                Some("f32") => Some(wgrad::DType::F32),
+                Some("f16") => Some(wgrad::DType::F16),
+                _ => None,
+            };
+            let pass = match tile {
+                "fwd" => Pass::Forward,
+                "bwd" => Pass::Dkv,
+                _ => return None,
+            };
+            let input = dtype(entry)?;
+            let grad = flag.map_or(Some(input), |f| dtype(Some(f)))?;
+            let out = parts.next().map_or(Some(input), |f| dtype(Some(f)))?;
+            let coop = Coop {
+                fs: 16,
+                sgs: 32,
+                words: false,
+            };
+            let t = attention_coop::tile(pass, 64, coop, 49152)?;
+            let io = Io { input, grad, out };
+            let spec = attention_coop::spec(pass, t, coop, false, false, io);
+            let k = attention_coop::kernel(pass);
+            Some((arg.to_string(), k.family, k.name, spec))
         }
         _ => None,
     }

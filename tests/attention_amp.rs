@@ -210,3 +210,60 @@ fn autocast_self_attention_on_a_fused_qkv_matches_the_reference() -> Result<()> 
     }
     Ok(())
 }
+
+/// The model's attention under autocast between two linears: the qkv projection stored f16
+/// (`linear_as`), the attention reading it, its output (f16 where the cooperative-matrix
+/// kernels ran, f32 after a cast elsewhere) read by the output projection, and backward through
+/// both (on the cooperative-matrix kernels the projection's dX writes dO f16 and the attention
+/// writes the qkv gradient f16, each the only contribution there). The gradients of x and of
+/// both weights and the bias against the f32 chain with the unfused reference attention.
+#[test]
+fn autocast_attention_between_linears_with_f16_qkv_matches_the_reference() -> Result<()> {
+    use wgrad::ops::Activation;
+    use wgrad::DType;
+    let d = dev();
+    let coop = wgrad::kernels::matmul_coop::Coop::available(d.gpu()).is_some();
+    for [b, h, t, hd] in [[2, 3, 37, 64], [1, 2, 130, 32]] {
+        let c = h * hd;
+        let shape = [b, h, t, hd];
+        let mut r = rng(&format!("amp attention f16 qkv {shape:?}"));
+        let x0 = Arr::rand(&mut r, &[b, t, c], -1.0, 1.0).upload(d);
+        let w10 = Arr::rand(&mut r, &[c, 3 * c], -0.2, 0.2).upload(d);
+        let b10 = Arr::rand(&mut r, &[3 * c], -0.5, 0.5).upload(d);
+        let w20 = Arr::rand(&mut r, &[c, c], -0.2, 0.2).upload(d);
+        let g = Arr::rand(&mut r, &[b, t, c], -1.0, 1.0).upload(d);
+        let chain = |fused: bool| -> Result<Vec<Vec<f32>>> {
+            let leaves = [&x0, &w10, &b10, &w20].map(|t| t.detach().requires_grad());
+            let [x, w1, b1, w2] = &leaves;
+            let y = if fused {
+                autocast(true, || -> Result<Tensor> {
+                    let qkv = x.linear_as(w1, Some(b1), Activation::None, DType::F16)?;
+                    assert_eq!(qkv.dtype(), DType::F16);
+                    let o = qkv.causal_self_attention(h)?;
+                    let want = if coop { DType::F16 } else { DType::F32 };
+                    assert_eq!(o.dtype(), want, "O's type (cooperative matrices: {coop})");
+                    o.linear(w2, None, Activation::None)
+                })?
+            } else {
+                let qkv = x.linear(w1, Some(b1), Activation::None)?;
+                let (q, k, v) = heads(&qkv, shape)?;
+                let o = q.causal_attention_reference(&k, &v)?;
+                let o = o.transpose(1, 2)?.contiguous()?.reshape(&[b, t, c])?;
+                o.linear(w2, None, Activation::None)?
+            };
+            y.backward_with(&g)?;
+            let mut out = vec![y.to_vec()?];
+            for l in &leaves {
+                out.push(l.grad().expect("reached by backward").to_vec()?);
+            }
+            Ok(out)
+        };
+        let got = chain(true)?;
+        let want = chain(false)?;
+        for (i, name) in ["y", "dx", "dW1", "db1", "dW2"].iter().enumerate() {
+            let want: Vec<f64> = want[i].iter().map(|&v| v as f64).collect();
+            assert_close(&got[i], &want, HALF_TOL, &format!("{name} {shape:?}"));
+        }
+    }
+    Ok(())
+}

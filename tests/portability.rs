@@ -225,8 +225,8 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
         2 * (4 * (2 * 4 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + (6 * 6 + 4 * 4 + 2 * 4 * 6))
             + 4 * 2 * 2 * (6 + 3 * 4)
             + 4 * (2 * 2 * (6 + 4 * 4) + 3 * (6 + 3 * 4))
-            + 3 * 3
-            + 1
+            + 3 * (3 + 5 * 2)
+            + 3
             + 2
             + 4 * (2 * 4 * 4 + 4))
             + 4 * (2 * 5 * (6 + 4 * 4) + 2 * (6 + 3 * 4))
@@ -240,8 +240,8 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
          split products summed in their dispatch: 4 tiles x the paired accesses of the 5 type sets \
          x (acc x plain and bias, and with an f32 C acc x column sums and the residual not \
          accumulating); \
-         attention: 3 head dims x 3 (the forward, the backward adding into its outputs or not), and \
-         its D; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
+         attention: 3 head dims x (the forward of 3 type sets, and the backward adding into its \
+         outputs or not of 5: `Io::made`), and its D of 3 type sets; 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
          paired accesses of f32 operands x (3 epilogues and column sums), and the residual not \
          accumulating)); and on 16 x 16 fragments, C stored in vectors through the scratch tile: \
          4 tiles x (acc x (3 epilogues, and GELU with `pre` in vectors of f32 or f16) x the paired accesses of \
@@ -258,15 +258,16 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
 #[test]
 fn cooperative_attention_workgroup_bytes_match_the_wgsl() {
     use wgrad::kernels::attention::{Pass, HEAD_DIMS};
-    use wgrad::kernels::attention_coop::{kernel, spec, tile};
+    use wgrad::kernels::attention_coop::{kernel, spec, tile, Io};
     use wgrad::kernels::matmul_coop::Coop;
     for (coop, limit) in [(Coop::NVIDIA, 49152), (Coop::APPLE, 32768)] {
         for dmax in HEAD_DIMS {
             for pass in [Pass::Forward, Pass::Dq, Pass::Dkv] {
                 let t = tile(pass, dmax, coop, limit).expect("a tile fits");
+                // The types change no workgroup array.
                 let src = compose_source(
                     kernel(pass).family,
-                    &spec(pass, t, coop, false, false),
+                    &spec(pass, t, coop, false, false, Io::F32),
                     true,
                 );
                 let module = naga::front::wgsl::parse_str(&src).expect("parses");

@@ -5,9 +5,14 @@
 // accumulation; the softmax, its statistics (m, l, lse), D and every accumulated output stay
 // f32.
 //
-// Memory: q, k, v, dO are (B, H, T, D) f32 views read 4 elements at a time (the launcher
-// checks that D, every offset and every stride are multiples of 4); O, dQ, dK, dV are written
-// as f32 through their views; lse and D are contiguous (B, H, T) f32. Bindings: 1 out_a (O; dQ
+// Memory: q, k, v and dO are (B, H, T, D) views read 4 elements at a time (the launcher checks
+// that D, every offset and every stride are multiples of 4); O, dQ, dK and dV are written
+// through their views; lse and D are contiguous (B, H, T) f32. Each of q, k, v, dO and the
+// outputs is f32, or f16 where autocast stores it so (the kernels round every operand to f16
+// as they stage it, so f16 inputs give the same products; f16 outputs are what the next
+// product would round them to). f16 outputs (OUT_F32 false) are bound as u32 words of two
+// halves (OA, OB u32; else f32; the forward's out_b, lse, f32) and written 4 elements a lane
+// as two words (their views on multiples of 4 elements: the launcher checks). Bindings: 1 out_a (O; dQ
 // and dK, views of one buffer), 2 out_b (lse; dV), 3 q, 4 k, 5 v, 6 dO, 7 lse, 8 aux (-; D)
 // for attn_coop_fwd; attn_coop_bwd, which runs both backward passes of attention.wgsl in one
 // dispatch (side by side, where two dispatches writing one gradient buffer would run one after
@@ -58,7 +63,10 @@
 // multiple of FS), MA, MB, MC (the f16 A, B and f32 accumulator fragment types), ACC_DQ,
 // ACC_DK, ACC_DV (add into the target instead of overwriting it), PREFETCH (the next block in
 // flight), DIRECT_OUT (outputs inside T stored straight from the accumulators, else through the
-// scratch like the edge's); snippets OWN and SYNC.
+// scratch like the edge's: f32 outputs only), types OA, OB (above); snippets OWN, SYNC and READ
+// (q, k, v and dO as bound, QV and GV: vec4<f32>, vec4<f16>, or f16 in vec2<u32> words; `qf`
+// and `gf` make them f32 vectors; a block in flight holds k or q as bound and v or dO as NX1,
+// which `q_nx1`, `g_nx1` and `nx1f` convert to and from).
 
 enable wgpu_cooperative_matrix;
 
@@ -82,18 +90,21 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> out_a: array<f32>;
-@group(0) @binding(2) var<storage, read_write> out_b: array<f32>;
-@group(0) @binding(3) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> k: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read> v: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read> dout: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> out_a: array<OA>;
+@group(0) @binding(2) var<storage, read_write> out_b: array<OB>;
+@group(0) @binding(3) var<storage, read> q: array<QV>;  // 4 elements of QT an entry (READ)
+@group(0) @binding(4) var<storage, read> k: array<QV>;
+@group(0) @binding(5) var<storage, read> v: array<QV>;
+@group(0) @binding(6) var<storage, read> dout: array<GV>; // 4 elements of GT an entry
 @group(0) @binding(7) var<storage, read> lse: array<f32>;
 @group(0) @binding(8) var<storage, read> aux: array<f32>; // D (backward)
 
 const KIND_FWD: u32 = 0u;
 const KIND_BWD: u32 = 3u; // dQ and dK/dV, workgroups of both in one dispatch
 const BWD: bool = KIND != KIND_FWD;
+// An f32 accumulator is stored straight only into f32 outputs (the OWN snippet's direct
+// functions are empty for f16 ones).
+const_assert !DIRECT_OUT || OUT_F32;
 
 const WG: u32 = SG * SGS;
 const ROWS: u32 = SG * FS;
@@ -150,8 +161,8 @@ fn head(view: vec4<u32>, bh: u32) -> u32 {
 }
 
 // ------------------------------------------------------------------------------------------
-// Staging: rows of a (B, H, T, D) view into a tile of h_sh, 4 elements a load, f32 -> f16, zero
-// past T and D (x `scale` for q). Branch-free (loads under per-lane branches are not
+// Staging: rows of a (B, H, T, D) view into a tile of h_sh, 4 elements a load, rounded to
+// f16, zero past T and D (x `scale` for q). Branch-free (loads under per-lane branches are not
 // overlapped): outside the view a lane reads vector 0 and selects zero. The workgroup's own ROWS
 // rows are staged at once (`stage_*`, into the start of h_sh); the blocks of the other side
 // arrive through registers a block ahead (`fetch_*`, then `put_*`).
@@ -186,7 +197,7 @@ fn stage_q(bh: u32, row0: u32, lid: u32) {
     let base = head(p.q, bh);
     for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.q, base, row0, e);
-        put4(0u, a.r, a.d, q[a.i] * p.scale, a.ok);
+        put4(0u, a.r, a.d, qf(q[a.i]) * p.scale, a.ok);
     }
 }
 
@@ -194,7 +205,7 @@ fn stage_do(bh: u32, row0: u32, lid: u32) {
     let base = head(p.dout, bh);
     for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.dout, base, row0, e);
-        put4(0u, a.r, a.d, dout[a.i], a.ok);
+        put4(0u, a.r, a.d, gf(dout[a.i]), a.ok);
     }
 }
 
@@ -202,7 +213,7 @@ fn stage_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
     for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.k, base, row0, e);
-        put4(0u, a.r, a.d, k[a.i], a.ok);
+        put4(0u, a.r, a.d, qf(k[a.i]), a.ok);
     }
 }
 
@@ -210,7 +221,7 @@ fn stage_v(bh: u32, row0: u32, lid: u32) {
     let base = head(p.v, bh);
     for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.v, base, row0, e);
-        put4(0u, a.r, a.d, v[a.i], a.ok);
+        put4(0u, a.r, a.d, qf(v[a.i]), a.ok);
     }
 }
 
@@ -221,8 +232,8 @@ fn stage_v(bh: u32, row0: u32, lid: u32) {
 const BLOCK_V: u32 = BC * DMAX / 4u;
 const VPL: u32 = (BLOCK_V + WG - 1u) / WG;
 const_assert BC <= WG;
-var<private> nx0: array<vec4<f32>, VPL>;
-var<private> nx1: array<vec4<f32>, VPL>;
+var<private> nx0: array<QV, VPL>;
+var<private> nx1: array<NX1, VPL>;
 var<private> nl: f32;
 var<private> nd: f32;
 
@@ -236,7 +247,7 @@ fn fetch_k(bh: u32, row0: u32, lid: u32) {
 fn fetch_v(bh: u32, row0: u32, lid: u32) {
     let base = head(p.v, bh);
     for (var j = 0u; j < VPL; j++) {
-        nx1[j] = v[at4(p.v, base, row0, lid + j * WG).i];
+        nx1[j] = q_nx1(v[at4(p.v, base, row0, lid + j * WG).i]);
     }
 }
 
@@ -250,7 +261,7 @@ fn fetch_q(bh: u32, row0: u32, lid: u32) {
 fn fetch_do(bh: u32, row0: u32, lid: u32) {
     let base = head(p.dout, bh);
     for (var j = 0u; j < VPL; j++) {
-        nx1[j] = dout[at4(p.dout, base, row0, lid + j * WG).i];
+        nx1[j] = g_nx1(dout[at4(p.dout, base, row0, lid + j * WG).i]);
     }
 }
 
@@ -269,7 +280,7 @@ fn put_nx0(view: vec4<u32>, bh: u32, row0: u32, off: u32, s: f32, lid: u32) {
         let e = lid + j * WG;
         if (e < BLOCK_V) {
             let a = at4(view, base, row0, e);
-            put4(off, a.r, a.d, nx0[j] * s, a.ok);
+            put4(off, a.r, a.d, qf(nx0[j]) * s, a.ok);
         }
     }
 }
@@ -280,7 +291,7 @@ fn put_nx1(view: vec4<u32>, bh: u32, row0: u32, off: u32, lid: u32) {
         let e = lid + j * WG;
         if (e < BLOCK_V) {
             let a = at4(view, base, row0, e);
-            put4(off, a.r, a.d, nx1[j], a.ok);
+            put4(off, a.r, a.d, nx1f(nx1[j]), a.ok);
         }
     }
 }
@@ -473,23 +484,56 @@ fn a_out(r0: u32, c0: u32) -> MA {
 }
 
 // The fragment in the subgroup's scratch rows r0.. to rows row0 + r0.., columns d0.. of output
-// `which` (0: out_a, 1: out_b) through `view`, where inside T and D; `acc` adds into it.
+// `which` (0: out_a, 1: out_b) through `view`, where inside T and D; `acc` adds into it. f32
+// outputs an element a lane; f16 ones 4 columns a lane, two words of halves (D a multiple of 4,
+// so 4 columns lie inside D or outside it together).
 fn edge_out(which: u32, view: vec4<u32>, acc: bool, bh: u32, row0: u32, r0: u32, d0: u32,
             lane: u32) {
-    for (var e = lane; e < FE; e += SGS) {
-        let r = e / FS;
-        let c = e % FS;
+    if (OUT_F32) {
+        for (var e = lane; e < FE; e += SGS) {
+            let r = e / FS;
+            let c = e % FS;
+            let t = row0 + r0 + r;
+            let d = d0 + c;
+            if (t < p.t && d < p.d) {
+                let o = at(view, bh, t, d);
+                let x = sc[(r0 + r) * SW + c];
+                put_word(which, o, bitcast<u32>(select(x, bitcast<f32>(word(which, o)) + x, acc)));
+            }
+        }
+        return;
+    }
+    for (var e = lane; e < FE / 4u; e += SGS) {
+        let r = e / (FS / 4u);
+        let c = e % (FS / 4u) * 4u;
         let t = row0 + r0 + r;
         let d = d0 + c;
         if (t < p.t && d < p.d) {
-            let o = at(view, bh, t, d);
-            let x = sc[(r0 + r) * SW + c];
-            if (which == 0u) {
-                out_a[o] = select(x, out_a[o] + x, acc);
-            } else {
-                out_b[o] = select(x, out_b[o] + x, acc);
+            let o = at(view, bh, t, d) / 2u;
+            let i = (r0 + r) * SW + c;
+            var x = vec4<f32>(sc[i], sc[i + 1u], sc[i + 2u], sc[i + 3u]);
+            if (acc) {
+                x += vec4<f32>(unpack2x16float(word(which, o)), unpack2x16float(word(which, o + 1u)));
             }
+            put_word(which, o, pack2x16float(x.xy));
+            put_word(which, o + 1u, pack2x16float(x.zw));
         }
+    }
+}
+
+// Word i of output `which` as u32 bits, and storing them (an f32 element, or two halves).
+fn word(which: u32, i: u32) -> u32 {
+    if (which == 0u) {
+        return bitcast<u32>(out_a[i]);
+    }
+    return bitcast<u32>(out_b[i]);
+}
+
+fn put_word(which: u32, i: u32, x: u32) {
+    if (which == 0u) {
+        out_a[i] = bitcast<OA>(x);
+    } else {
+        out_b[i] = bitcast<OB>(x);
     }
 }
 
@@ -571,7 +615,7 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         edge_store(bh, q0, r0, lane, p.o);
     }
     if (qi < p.t && part == 0u) {
-        out_b[bh * p.t + qi] = m + log(l);
+        out_b[bh * p.t + qi] = bitcast<OB>(m + log(l)); // lse: OB is f32 in the forward
     }
 }
 

@@ -3,9 +3,9 @@
 // attention_coop.wgsl's attn_coop_bwd, whose dQ and dK/dV workgroups, running side by side,
 // both read it.
 //
-// Memory: dO and O are (B, H, T, D) f32 views read 4 elements at a time (offsets, strides and
-// D multiples of 4, as attention_coop.wgsl's launcher checks), through the views of `Params`
-// (attention.wgsl's: `dout` and `o`).
+// Memory: dO (elements GT) and O (OT), each f32 or f16, are (B, H, T, D) views read 4 elements
+// at a time (offsets, strides and D multiples of 4, as attention_coop.wgsl's launcher checks),
+// through the views of `Params` (attention.wgsl's: `dout` and `o`); the sums are f32.
 //
 // Mapping: LANES consecutive lanes of a subgroup a query row (row = global lane / LANES, over
 // B * H * T), each summing every LANES-th vector of the row; the row's lanes combined with
@@ -33,8 +33,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> dvec: array<f32>;
-@group(0) @binding(2) var<storage, read> dout: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> o: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> dout: array<vec4<GT>>;
+@group(0) @binding(3) var<storage, read> o: array<vec4<OT>>;
 
 const WG: u32 = 256u;
 const LANES: u32 = 4u;
@@ -63,7 +63,7 @@ fn attn_d(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         let a = row_at(p.dout, bh, t) / 4u;
         let b = row_at(p.o, bh, t) / 4u;
         for (var j = part; j < p.d / 4u; j += LANES) {
-            x += dot(dout[a + j], o[b + j]);
+            x += dot(vec4<f32>(dout[a + j]), vec4<f32>(o[b + j]));
         }
     }
     for (var s = 1u; s < LANES; s <<= 1u) {

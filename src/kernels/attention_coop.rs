@@ -3,11 +3,12 @@
 //! pass with its row max kept stale; f16 products, f32 softmax and accumulation; its backward
 //! is one dispatch of both passes after `wgsl/attention_d.wgsl`'s D). Chosen for an autocast
 //! forward on adapters with cooperative matrices, when D and every view's offset and strides
-//! are multiples of 4 (the kernels read q, k, v, dO four elements at a time).
+//! are multiples of 4 (the kernels read q, k, v, dO four elements at a time). q, k, v, dO and
+//! the outputs are each f32 or f16 (`Io`).
 
 use super::attention::{AttentionParams, Pass, HEAD_DIMS};
 use super::matmul_coop::Coop;
-use super::{Access, Family, KernelDesc, Spec};
+use super::{Access, DType, Family, KernelDesc, Spec};
 
 pub static FAMILY: Family = Family {
     name: "attention_coop",
@@ -67,6 +68,31 @@ pub static ATTN_D: KernelDesc = KernelDesc {
     ],
     params_size: PARAMS,
 };
+
+/// `ATTN_D`'s variant for dO of `grad` elements and O of `out` (each f32 or f16).
+pub fn d_spec(grad: DType, out: DType) -> Spec {
+    Spec::new().ty("GT", grad.wgsl()).ty("OT", out.wgsl())
+}
+
+/// The element types of a pass's bindings, each f32 or f16: q, k and v (`input`), dO
+/// (`grad`), and the outputs (`out`: O; or dQ, dK and dV). Under autocast the engine stores
+/// q, k, v, O and their gradients f16 where their producers and consumers are products that
+/// round them to f16 anyway (`ops::attention`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Io {
+    pub input: DType,
+    pub grad: DType,
+    pub out: DType,
+}
+
+impl Io {
+    /// Every binding f32.
+    pub const F32: Io = Io {
+        input: DType::F32,
+        grad: DType::F32,
+        out: DType::F32,
+    };
+}
 
 /// `ATTN_D`'s workgroups for `rows` = B * H * T query rows (attention_d.wgsl: 4 lanes a row,
 /// 256 lanes a workgroup).
@@ -226,12 +252,21 @@ fn direct_out() -> bool {
 const DIRECT_OUT: bool = true;
 
 /// The forward's variant, or (`Pass::Dq` or `Pass::Dkv`) the backward kernel's: `acc_a`
-/// adds into dQ and dK instead of overwriting them, `acc_b` into dV.
-pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
+/// adds into dQ and dK instead of overwriting them, `acc_b` into dV; `io` the bindings' types
+/// (the forward's `grad` unused). f16 outputs pass the scratch rows (no straight stores), 4
+/// elements a lane: their views' offsets and strides must be multiples of 4 (`aligned4`).
+pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool, io: Io) -> Spec {
     let (kind, [dq, dk, dv]) = match pass {
         Pass::Forward => (Pass::Forward as u32, [false; 3]),
         Pass::Dq | Pass::Dkv => (KIND_BWD, [acc_a, acc_a, acc_b]),
     };
+    let fwd = pass == Pass::Forward;
+    // The forward's grad is unbound: its type is the inputs', so NX1 (v) follows them.
+    let grad = if fwd { io.input } else { io.grad };
+    let out32 = io.out == DType::F32;
+    // f16 outputs are bound as u32 words of two halves; the forward's out_b is lse, f32.
+    let out_a = if out32 { "f32" } else { "u32" };
+    let out_b = if fwd { "f32" } else { out_a };
     coop.with_fragments(Spec::new())
         .u32("KIND", kind)
         .u32("FS", coop.fs)
@@ -243,8 +278,12 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
         .bool("ACC_DK", dk)
         .bool("ACC_DV", dv)
         .bool("PREFETCH", prefetches())
-        .bool("DIRECT_OUT", direct_out())
-        .source("OWN", own_source(t.dmax / coop.fs, coop.fs))
+        .bool("DIRECT_OUT", direct_out() && out32)
+        .bool("OUT_F32", out32)
+        .ty("OA", out_a)
+        .ty("OB", out_b)
+        .source("READ", read_source(io.input, grad, read_words()))
+        .source("OWN", own_source(t.dmax / coop.fs, coop.fs, out32))
         .source(
             "SYNC",
             if subgroup_sync() {
@@ -255,22 +294,84 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool) -> Spec {
         )
 }
 
+/// Whether f16 inputs are bound as u32 words (two halves each, unpacked with
+/// `unpack2x16float`) rather than as f16 vectors: `WGRAD_ATTN_READ=words|halves` (a
+/// measurement switch).
+fn read_words() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| match std::env::var("WGRAD_ATTN_READ").as_deref() {
+        Ok("words") => true,
+        Ok("halves") => false,
+        _ => READ_WORDS,
+    })
+}
+
+/// The default of `read_words`: on an H100 (DistilGPT-2 8 x 512 --amp, 2026-11-27, one
+/// machine) the backward read f16 inputs in 213.5 us a dispatch as words against 231.6 as f16
+/// vectors, the forward in 88.3 against 94.9 (with f32 inputs, on another machine that hour:
+/// 204.0 and 89.1); the driver gave both the same registers (177 and 112 a lane).
+const READ_WORDS: bool = true;
+
+/// The READ snippet: the binding types of q, k, v (QV) and dO (GV), 4 elements an entry
+/// (`vec4<f32>`; f16 as `vec4<f16>`, or with `words` as `vec2<u32>`), `qf` / `gf` making an
+/// entry an f32 vector, and NX1, the registers holding the next block's v or dO: an entry as
+/// bound where both are bound alike, else an f32 vector (`q_nx1`, `g_nx1` to it, `nx1f` from
+/// it). Generated once per type set and kept for the process.
+fn read_source(input: DType, grad: DType, words: bool) -> &'static str {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+    type Key = (bool, bool, bool);
+    static CACHE: Mutex<BTreeMap<Key, &'static str>> = Mutex::new(BTreeMap::new());
+    let key = (input == DType::F16, grad == DType::F16, words);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    cache.entry(key).or_insert_with(|| {
+        // (binding type, its entry as an f32 vector of `x`)
+        let bound = |half: bool| match (half, words) {
+            (false, _) => ("vec4<f32>", "x"),
+            (true, false) => ("vec4<f16>", "vec4<f32>(x)"),
+            (true, true) => (
+                "vec2<u32>",
+                "vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y))",
+            ),
+        };
+        let (qv, qf) = bound(key.0);
+        let (gv, gf) = bound(key.1);
+        let (nx1, q_nx1, g_nx1, nx1f) = if qv == gv {
+            (qv, "x", "x", qf)
+        } else {
+            ("vec4<f32>", qf, gf, "x")
+        };
+        let text = format!(
+            "alias QV = {qv};\nalias GV = {gv};\nalias NX1 = {nx1};\n\
+             fn qf(x: QV) -> vec4<f32> {{\n    return {qf};\n}}\n\
+             fn gf(x: GV) -> vec4<f32> {{\n    return {gf};\n}}\n\
+             fn q_nx1(x: QV) -> NX1 {{\n    return {q_nx1};\n}}\n\
+             fn g_nx1(x: GV) -> NX1 {{\n    return {g_nx1};\n}}\n\
+             fn nx1f(x: NX1) -> vec4<f32> {{\n    return {nx1f};\n}}\n"
+        );
+        Box::leak(text.into_boxed_str())
+    })
+}
+
 /// The OWN snippet for `nf` fragments of `fs` columns across the head dim: the subgroup's own
 /// rows' fragments (`oa*`, `ob*`), the backward's output accumulators (`acc*`: dQ or dK;
 /// `acc2_*`: dV) as separate variables, and the functions that use them with every loop over
 /// them unrolled (a loop the shader compiler keeps would index them at run time and push them
-/// out of registers). Generated once per shape and kept for the process.
-fn own_source(nf: u32, fs: u32) -> &'static str {
+/// out of registers). `out32`: the outputs are f32, which the direct functions (`load_out`,
+/// `store_out`, `load_dv`, `store_dv`) load and store straight; for f16 outputs their bodies
+/// are empty (DIRECT_OUT is off: an f32 accumulator cannot be stored into f16, and the WGSL's
+/// const_assert holds the launcher to it). Generated once per shape and kept for the process.
+fn own_source(nf: u32, fs: u32, out32: bool) -> &'static str {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    static CACHE: Mutex<BTreeMap<(u32, u32), &'static str>> = Mutex::new(BTreeMap::new());
+    static CACHE: Mutex<BTreeMap<(u32, u32, bool), &'static str>> = Mutex::new(BTreeMap::new());
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     cache
-        .entry((nf, fs))
-        .or_insert_with(|| Box::leak(write_own_source(nf, fs).into_boxed_str()))
+        .entry((nf, fs, out32))
+        .or_insert_with(|| Box::leak(write_own_source(nf, fs, out32).into_boxed_str()))
 }
 
-fn write_own_source(nf: u32, fs: u32) -> String {
+fn write_own_source(nf: u32, fs: u32, out32: bool) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
     let w = &mut s;
@@ -279,7 +380,10 @@ fn write_own_source(nf: u32, fs: u32) -> String {
     let func = |w: &mut String, head: &str, line: &dyn Fn(u32, u32) -> String, end: &str| {
         let _ = writeln!(w, "\n{head}");
         for (i, d) in frags() {
-            let _ = writeln!(w, "{}", line(i, d));
+            let l = line(i, d);
+            if !l.is_empty() {
+                let _ = writeln!(w, "{l}");
+            }
         }
         let _ = writeln!(w, "{end}");
     };
@@ -333,14 +437,21 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         "}",
     );
     // The outputs straight from and to their views (rows row0 + r0..): the first (O, dQ or
-    // dK) through `va`, dV through p.dv.
+    // dK) through `va`, dV through p.dv. f32 outputs only: for f16 ones, no line.
+    let direct = |line: String| {
+        if out32 {
+            line
+        } else {
+            String::new()
+        }
+    };
     func(
         w,
         "fn load_out(bh: u32, row0: u32, r0: u32, va: vec4<u32>) {\n    let sa = va.w;",
         &|i, d| {
-            format!(
+            direct(format!(
                 "    if (ACC_A) {{\n        let i{i} = at(va, bh, row0 + r0, {d}u);\n        acc{i} = coopLoadT<MC>(&out_a[i{i}], sa);\n    }}"
-            )
+            ))
         },
         "}",
     );
@@ -348,9 +459,9 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         w,
         "fn load_dv(bh: u32, row0: u32, r0: u32) {\n    let sb = p.dv.w;",
         &|i, d| {
-            format!(
+            direct(format!(
                 "    if (ACC_DV) {{\n        let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n        acc2_{i} = coopLoadT<MC>(&out_b[j{i}], sb);\n    }}"
-            )
+            ))
         },
         "}",
     );
@@ -358,9 +469,9 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         w,
         "fn store_out(bh: u32, row0: u32, r0: u32, va: vec4<u32>) {\n    let sa = va.w;",
         &|i, d| {
-            format!(
+            direct(format!(
                 "    let i{i} = at(va, bh, row0 + r0, {d}u);\n    coopStoreT(acc{i}, &out_a[i{i}], sa);"
-            )
+            ))
         },
         "}",
     );
@@ -368,9 +479,9 @@ fn write_own_source(nf: u32, fs: u32) -> String {
         w,
         "fn store_dv(bh: u32, row0: u32, r0: u32) {\n    let sb = p.dv.w;",
         &|i, d| {
-            format!(
+            direct(format!(
                 "    let j{i} = at(p.dv, bh, row0 + r0, {d}u);\n    coopStoreT(acc2_{i}, &out_b[j{i}], sb);"
-            )
+            ))
         },
         "}",
     );
@@ -412,8 +523,8 @@ fn write_own_source(nf: u32, fs: u32) -> String {
     s
 }
 
-/// Every variant on `coop` with `max_workgroup_bytes`: each pass, padded head dim and
-/// accumulate flag.
+/// Every variant on `coop` with `max_workgroup_bytes`: each pass, padded head dim, accumulate
+/// flag and binding types the engine makes (`Io::made`).
 pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for dmax in HEAD_DIMS {
@@ -427,13 +538,43 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                 Pass::Dq => continue,
                 Pass::Dkv => &[(false, false), (true, true)],
             };
-            for &(a, b) in accs {
-                v.push((kernel(pass), spec(pass, t, coop, a, b)));
+            for io in Io::made(pass) {
+                for &(a, b) in accs {
+                    v.push((kernel(pass), spec(pass, t, coop, a, b, io)));
+                }
             }
         }
     }
-    v.push((&ATTN_D, Spec::new()));
+    // D reads dO and O (whose type is the inputs': the forward's `out`).
+    for (grad, o) in [
+        (DType::F32, DType::F32),
+        (DType::F16, DType::F16),
+        (DType::F32, DType::F16),
+    ] {
+        v.push((&ATTN_D, d_spec(grad, o)));
+    }
     v
+}
+
+impl Io {
+    /// The types the engine binds for `pass`: all f32; or f16 inputs, whose forward writes an
+    /// f16 O, and whose backward reads dO and writes the gradients as f32 or f16 (each f16
+    /// where its only producer or consumer is a product under autocast).
+    pub fn made(pass: Pass) -> Vec<Io> {
+        use DType::{F16, F32};
+        let io = |input, grad, out| Io { input, grad, out };
+        match pass {
+            // (f16 inputs with an f32 O: `WGRAD_ATTN_HALF=in`.)
+            Pass::Forward => vec![Io::F32, io(F16, F16, F16), io(F16, F16, F32)],
+            Pass::Dq | Pass::Dkv => vec![
+                Io::F32,
+                io(F16, F16, F16),
+                io(F16, F16, F32),
+                io(F16, F32, F16),
+                io(F16, F32, F32),
+            ],
+        }
+    }
 }
 
 #[cfg(test)]

@@ -255,8 +255,23 @@ impl Gpt2 {
             eps,
             Some((c, c_attn.shape()[1])),
         )?;
-        // (B, T, 3C)
-        let qkv = self.linear(&a, c_attn, Some(p("attn.c_attn.bias")?), Activation::None)?;
+        // (B, T, 3C); f16 under mixed precision where the attention's kernels read it so
+        // (they round q, k, v to f16 as they load them anyway).
+        let qkv_dtype = if self.amp
+            && self.kernels == Kernels::Fused
+            && crate::ops::attention_stores_half(x.device())
+        {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        let qkv = self.linear_as(
+            &a,
+            c_attn,
+            Some(p("attn.c_attn.bias")?),
+            Activation::None,
+            qkv_dtype,
+        )?;
         let y = match self.kernels {
             // The heads read in place; dQ, dK, dV written into one (B, T, 3C) gradient.
             Kernels::Fused => qkv.causal_self_attention(h)?,

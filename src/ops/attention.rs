@@ -7,18 +7,57 @@
 //! dQ and dK/dV side by side in one. The kernels read and write (B, H, T, D) views with
 //! unit stride along D directly, so the head split of a fused qkv projection and its gradient
 //! cost no copy. `causal_attention_reference` is the same function from unfused ops.
+//!
+//! q, k and v are f32 or f16. The cooperative-matrix kernels (autocast) read either and write O
+//! in the inputs' type; their backward reads dO of either type and writes dQ, dK, dV f32, or
+//! f16 into the gradient of a fused qkv input that a linear made and nothing else reads (the
+//! linear's products round it to f16 as they load it). Elsewhere f16 inputs are cast to f32.
+//! GPT-2 under mixed precision stores its qkv projection f16 for them (`stores_half`).
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Layout, Storage, Tensor};
 use crate::kernels::attention::{self, AttentionParams, Pass, MAX_HEAD_DIM};
+use crate::kernels::attention_coop;
+use crate::kernels::attention_coop::Io;
 use crate::kernels::matmul_coop::Coop;
-use crate::kernels::{attention_coop, Spec};
 use crate::ops::autocast_enabled;
 use crate::ops::elementwise::launch_copy;
+use crate::ops::linear::LINEAR_RULE;
 use crate::ops::Out;
 
 const OP: &str = "causal_attention";
+/// The rule name of the fused attention (`BackwardCtx::input_rule` finds it): a linear that
+/// reads its f16 output writes that output's gradient f16 for it.
+pub(crate) const ATTENTION_RULE: &str = OP;
+
+/// Whether a model under autocast on `device` should store its qkv projection f16 for the
+/// attention: the adapter has cooperative matrices (whose kernels read f16 inputs and write an
+/// f16 O) and `half_mode` is not `Off`.
+pub fn stores_half(device: &Device) -> bool {
+    half_mode() != HalfMode::Off && Coop::available(device.gpu()).is_some()
+}
+
+/// What of the attention is f16 (`WGRAD_ATTN_HALF`, a measurement switch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum HalfMode {
+    /// `=0`: q, k, v, O and their gradients f32.
+    Off,
+    /// `=in`: q, k, v f16 (the model's qkv projection), O and the gradients f32.
+    Inputs,
+    /// The default: O f16 with f16 inputs, dO and the qkv gradient f16 where `LINEAR_RULE`
+    /// and sole contributions allow.
+    All,
+}
+
+fn half_mode() -> HalfMode {
+    static MODE: std::sync::OnceLock<HalfMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("WGRAD_ATTN_HALF").as_deref() {
+        Ok("0") => HalfMode::Off,
+        Ok("in") => HalfMode::Inputs,
+        _ => HalfMode::All,
+    })
+}
 
 /// Saved by the forward: its (unit-D-stride) inputs, its output and the row statistics.
 struct CausalAttentionBackward {
@@ -57,6 +96,9 @@ impl Backward for CausalAttentionBackward {
             g.clone()
         };
         let mut g = unit_d(&g)?;
+        if self.coop.is_none() && g.dtype() != DType::F32 {
+            g = g.to_dtype(DType::F32)?; // the f32 kernels read f32
+        }
         if self.coop.is_some() && !aligned4(&g) {
             g = g.contiguous()?;
         }
@@ -177,11 +219,36 @@ impl CausalAttentionBackward {
         let full = [b, t, 3 * h * d];
         let device = self.q.device().clone();
         let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, g, dvec];
-        ctx.put_with(0, |out| {
-            let (target, acc) = out.resolve(OP, &device, &full, &[])?;
+        // f16 where the cooperative-matrix kernels read f16 inputs that a linear made for them
+        // alone: its products round the gradient to f16 as they load it anyway.
+        let dtype = if self.coop.is_some()
+            && self.q.dtype() == DType::F16
+            && half_mode() == HalfMode::All
+            && ctx.input_rule(0) == Some(LINEAR_RULE)
+            && ctx.sole_contribution(0)
+        {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        ctx.put_with_typed(0, dtype, |out| {
+            let want = match out {
+                Out::New => dtype,
+                Out::Write(t) | Out::Acc(t) => t.dtype(),
+            };
+            let (target, acc) = out.resolve_typed(OP, &device, &full, &[], want)?;
+            // The f32 kernels write f32 alone: another target is staged.
+            let writes = if self.coop.is_some() {
+                want
+            } else {
+                DType::F32
+            };
             let direct = match heads_of(&target, h)? {
                 [dq, dk, dv]
-                    if [&dq, &dk, &dv].iter().all(|x| unit_d_stride(x))
+                    if writes == want
+                        && [&dq, &dk, &dv].iter().all(|x| unit_d_stride(x))
+                        // f16 outputs are written 4 elements at a time.
+                        && (want == DType::F32 || [&dq, &dk, &dv].iter().all(|x| aligned4(x)))
                         && !reads.iter().any(|r| r.same_storage(&target)) =>
                 {
                     Some([dq, dk, dv])
@@ -191,7 +258,7 @@ impl CausalAttentionBackward {
             let (heads, acc, fresh) = match direct {
                 Some(views) => (views, acc, None),
                 None => {
-                    let fresh = Tensor::uninit(&device, &full, DType::F32, OP)?;
+                    let fresh = Tensor::uninit(&device, &full, writes, OP)?;
                     (heads_of(&fresh, h)?, false, Some(fresh))
                 }
             };
@@ -258,7 +325,16 @@ impl CausalAttentionBackward {
             ..self.params(g)
         };
         let storage = self.bindings([out, dvec], g, &self.o);
-        dispatch(Pass::Dq, &self.q, &params, &storage, acc, false, None)
+        dispatch(
+            Pass::Dq,
+            &self.q,
+            &params,
+            &storage,
+            acc,
+            false,
+            None,
+            Io::F32,
+        )
     }
 
     /// dQ, dK and dV (views of one buffer) from one dispatch of the cooperative-matrix
@@ -294,7 +370,7 @@ impl CausalAttentionBackward {
         // D = rowsum(dO * O) first: both passes read it.
         device.record(
             &attention_coop::ATTN_D,
-            &Spec::new(),
+            &attention_coop::d_spec(g.dtype(), self.o.dtype()),
             &params,
             &[dvec.storage(), g.storage(), self.o.storage()],
             device.grid(attention_coop::d_workgroups(s[0] * s[1] * s[2])),
@@ -311,9 +387,14 @@ impl CausalAttentionBackward {
                 limit: max as u64,
             });
         }
+        let io = Io {
+            input: self.q.dtype(),
+            grad: g.dtype(),
+            out: dq.dtype(),
+        };
         device.record(
             &attention_coop::ATTN_COOP_BWD,
-            &attention_coop::spec(Pass::Dkv, t, coop, acc, acc),
+            &attention_coop::spec(Pass::Dkv, t, coop, acc, acc, io),
             &params,
             &storage,
             [groups[0] as u32, groups[1] as u32, 1],
@@ -344,6 +425,7 @@ impl CausalAttentionBackward {
             acc_k,
             acc_v,
             None, // the f32 kernels (the cooperative-matrix backward is `launch_both`)
+            Io::F32,
         )
     }
 }
@@ -494,10 +576,20 @@ fn disjoint(a: &Tensor, b: &Tensor) -> bool {
     diff >= run && period - diff >= run
 }
 
-/// The (B, H, T, D) shape shared by q, k and v.
-fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor, op: &'static str) -> Result<[usize; 4]> {
+/// The (B, H, T, D) shape shared by q, k and v, whose element type is q's: f32, or (where
+/// `half` allows) f16.
+fn check_shapes(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    op: &'static str,
+    half: bool,
+) -> Result<[usize; 4]> {
+    if !(half && q.dtype() == DType::F16) {
+        q.expect_dtype(op, DType::F32)?;
+    }
     for t in [q, k, v] {
-        t.expect_dtype(op, DType::F32)?;
+        t.expect_dtype(op, q.dtype())?;
         q.expect_same_device(op, t)?;
         if t.rank() != 4 {
             return Err(Error::ShapeMismatch {
@@ -556,7 +648,9 @@ fn head_dim_bucket(q: &Tensor) -> Result<u32> {
 
 /// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H); on
 /// the cooperative-matrix kernels when `coop` (the forward only: their backward runs both
-/// passes in one dispatch, `launch_both`).
+/// passes in one dispatch, `launch_both`), their bindings of `io`'s types (the f32 kernels
+/// bind f32 alone).
+#[allow(clippy::too_many_arguments)]
 fn dispatch(
     pass: Pass,
     q: &Tensor,
@@ -565,6 +659,7 @@ fn dispatch(
     acc_a: bool,
     acc_b: bool,
     coop: Option<Coop>,
+    io: Io,
 ) -> Result<()> {
     debug_assert!(
         coop.is_none() || pass == Pass::Forward,
@@ -577,7 +672,7 @@ fn dispatch(
     let (kernel, spec, block) = match coop_tile {
         Some((c, t)) => (
             attention_coop::kernel(pass),
-            attention_coop::spec(pass, t, c, acc_a, acc_b),
+            attention_coop::spec(pass, t, c, acc_a, acc_b, io),
             t.rows(c),
         ),
         None => {
@@ -612,9 +707,11 @@ fn dispatch(
 
 impl Tensor {
     /// Causal self-attention of queries `self`, keys `k` and values `v`, each (B, H, T, D)
-    /// with D <= 128 (any strides): softmax(q k^T / sqrt(D), keys j <= query i) v, fused.
-    /// Under autocast, on an adapter with cooperative matrices, its products (forward and
-    /// backward) run in f16 with f32 accumulation; softmax and statistics stay f32.
+    /// with D <= 128 (any strides), all f32 or all f16: softmax(q k^T / sqrt(D), keys j <=
+    /// query i) v, fused. Under autocast, on an adapter with cooperative matrices, its
+    /// products (forward and backward) run in f16 with f32 accumulation, softmax and
+    /// statistics in f32, and O is of the inputs' type; elsewhere f16 inputs are cast to f32
+    /// and O is f32.
     pub fn causal_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         self.causal_attention_as(k, v, false)
     }
@@ -658,7 +755,7 @@ impl Tensor {
     /// those ops' backward rules. The definition the fused kernels are tested against.
     pub fn causal_attention_reference(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         const REF: &str = "causal_attention_reference";
-        let [_, _, t, d] = check_shapes(self, k, v, REF)?;
+        let [_, _, t, d] = check_shapes(self, k, v, REF, false)?;
         let s = self.matmul(&k.t()?)?.mul_scalar(scale(d))?;
         let keep: Vec<f32> = (0..t * t)
             .map(|e| if e % t <= e / t { 1.0 } else { 0.0 })
@@ -676,7 +773,7 @@ fn attention_forward(
     v: &Tensor,
     merged: bool,
 ) -> Result<(Tensor, CausalAttentionBackward)> {
-    let [b, h, t, d] = check_shapes(q, k, v, OP)?;
+    let [b, h, t, d] = check_shapes(q, k, v, OP, true)?;
     if d == 0 || d > MAX_HEAD_DIM {
         return Err(Error::ShapeMismatch {
             op: OP,
@@ -684,14 +781,33 @@ fn attention_forward(
             got: q.shape().to_vec(),
         });
     }
-    let (q, kd, vd) = (unit_d(q)?, unit_d(k)?, unit_d(v)?);
+    let (mut q, mut kd, mut vd) = (unit_d(q)?, unit_d(k)?, unit_d(v)?);
     let coop = coop_for(&q, &kd, &vd);
+    if coop.is_none() && q.dtype() != DType::F32 {
+        // The f32 kernels read f32.
+        (q, kd, vd) = (
+            q.to_dtype(DType::F32)?,
+            kd.to_dtype(DType::F32)?,
+            vd.to_dtype(DType::F32)?,
+        );
+    }
+    // O in the inputs' type (f32 after a cast).
+    let out = if half_mode() == HalfMode::All {
+        q.dtype()
+    } else {
+        DType::F32
+    };
+    let io = Io {
+        input: q.dtype(),
+        grad: q.dtype(),
+        out,
+    };
     let device = q.device();
     // Merged: O in (B, T, H, D) memory (`base`), seen by the kernels as (B, H, T, D).
     let base = if merged {
-        Tensor::uninit(device, &[b, t, h, d], DType::F32, OP)?
+        Tensor::uninit(device, &[b, t, h, d], io.out, OP)?
     } else {
-        Tensor::uninit(device, &[b, h, t, d], DType::F32, OP)?
+        Tensor::uninit(device, &[b, h, t, d], io.out, OP)?
     };
     let o = if merged {
         base.permute(&[0, 2, 1, 3])?
@@ -719,7 +835,7 @@ fn attention_forward(
             kd.storage(),
             vd.storage(),
         ];
-        dispatch(Pass::Forward, &q, &params, &storage, false, false, coop)?;
+        dispatch(Pass::Forward, &q, &params, &storage, false, false, coop, io)?;
     }
     let out = if merged {
         base.reshape(&[b, t, h * d])?

@@ -12,6 +12,7 @@ use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
 use crate::kernels::elementwise::{self, ternary, UnaryOp};
+use crate::ops::attention::ATTENTION_RULE;
 use crate::ops::elementwise::{launch, launch_copy};
 use crate::ops::matmul::{half_precision, Epilogue};
 use crate::ops::{autocast, Out};
@@ -39,13 +40,16 @@ struct LinearBackward {
 
 /// The rule name of a linear with GELU's epilogue (`BackwardCtx::input_rule` finds it).
 const GELU_RULE: &str = "linear_gelu";
+/// The rule name of a linear without it (the fused attention writes the gradient of a qkv
+/// projection f16 for one).
+pub(crate) const LINEAR_RULE: &str = OP;
 
 impl Backward for LinearBackward {
     fn name(&self) -> &'static str {
         if self.pre.is_some() {
             GELU_RULE
         } else {
-            "linear"
+            LINEAR_RULE
         }
     }
 
@@ -150,12 +154,14 @@ impl LinearBackward {
             let wt = self.w.t()?;
             // Under autocast, the gradient of a GELU linear's output is stored f16 where this
             // is its only contribution (its reader, GELU's gradient, reads it as f32): the
-            // MLP's second dX.
-            let dx_dtype = if self.half
-                && gelu_half() == GeluHalf::All
-                && ctx.input_rule(0) == Some(GELU_RULE)
-                && ctx.sole_contribution(0)
-            {
+            // MLP's second dX. So is that of an f16 attention output (the cooperative-matrix
+            // attention's, which its backward reads as it reads O): the projection's dX.
+            let half_input = match ctx.input_rule(0) {
+                Some(GELU_RULE) => gelu_half() == GeluHalf::All,
+                Some(ATTENTION_RULE) => ctx.input(0).dtype() == DType::F16,
+                _ => false,
+            };
+            let dx_dtype = if self.half && half_input && ctx.sole_contribution(0) {
                 DType::F16
             } else {
                 DType::F32

@@ -18,6 +18,7 @@ mod view;
 
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
 pub use crate::kernels::reduce::ReduceOp;
+pub(crate) use attention::stores_half as attention_stores_half;
 pub use autocast::{autocast, autocast_enabled};
 pub(crate) use linear::cast_input as linear_casts_input;
 pub use linear::Activation;
