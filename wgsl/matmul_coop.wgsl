@@ -8,13 +8,15 @@
 //
 // Memory layout. A (batch, M, K), B (batch, K, N), C (batch, M, N), each read or written
 // through its strides (a_ms/a_ks, b_ks/b_ns, c_ms/c_ns; a batch stride of 0 broadcasts). A and
-// B are bound as arrays of 4-element vectors (AV, AV_B: vec4 of f16 or f32) and read in
-// *units*: 8 consecutive elements along one dim of the operand, its unit dim (A_UK: k, else m;
-// B_UN: n, else k), rounded to f16. With A_VEC (B_VEC) the launcher has checked that the unit
-// dim is unit-stride and every unit starts on a vector, so a unit is two vector loads;
-// otherwise it is gathered element by element. With A_WIDE (B_WIDE: f16 units on 16 bytes) the
-// operand is bound as mat2x4<f16> (8 halves in 16 bytes) and a unit is one 16-byte load. Units past M, N or K read as zero (a partial
-// unit is masked), so any size works.
+// B are bound as arrays of 4-element vectors (AV, AV_B: vec4<f32>, or f16 as vec2<u32>, u32
+// words of two halves each, unpacked as they are loaded: faster than f16 vectors on NVIDIA's
+// driver; the READ snippet) and read in *units*: 8 consecutive elements along one dim of the
+// operand, its unit dim (A_UK: k, else m; B_UN: n, else k), rounded to f16. With A_VEC (B_VEC)
+// the launcher has checked that the unit dim is unit-stride and every unit starts on a vector,
+// so a unit is two vector loads; otherwise it is gathered element by element. With A_WIDE
+// (B_WIDE: f16 units on 16 bytes) the operand is bound as vec4<u32> (8 halves an entry) and a
+// unit is one 16-byte load. Units past M, N or K read as zero (a partial unit is masked), so
+// any size works.
 // A tile inside C (`inside_c`) reads the steps of K that lie whole in its range without bounds
 // or masks (the generated `product`'s first loop; 4096³ 172 -> 195 TFLOP/s on an H100).
 //
@@ -87,8 +89,8 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> c: array<CB>;     // C (CB = TC, or with C_VEC vec4<TC>)
-@group(0) @binding(2) var<storage, read> a: array<AV>;         // A's elements, 4 a vector
-@group(0) @binding(3) var<storage, read> b: array<AV_B>;       // B's elements, 4 a vector
+@group(0) @binding(2) var<storage, read> a: array<AV>;         // A's elements, 4 or 8 an entry
+@group(0) @binding(3) var<storage, read> b: array<AV_B>;       // B's elements (READ snippet)
 @group(0) @binding(4) var<storage, read> bias: array<f32>;     // (N), matmul_coop_bias*
 @group(0) @binding(5) var<storage, read_write> pre: array<PB>;  // GELU's z, the residual, the
                                                                 // sums row; PB: the PRE snippet

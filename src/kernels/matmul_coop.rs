@@ -417,8 +417,8 @@ fn forced_tile() -> Option<CoopTile> {
 pub struct OperandAccess {
     pub along_cols: bool,
     pub vec: bool,
-    /// f16 units that start on 16 bytes: one 16-byte load each (the operand bound as
-    /// mat2x4<f16>, 8 halves), instead of two 8-byte ones.
+    /// f16 units that start on 16 bytes: one 16-byte load each (the operand bound as 4 u32
+    /// words of two halves, `operand_vec`), instead of two 8-byte ones.
     pub wide: bool,
 }
 
@@ -494,8 +494,8 @@ pub fn spec_ones(
                 types.c.wgsl()
             },
         )
-        .ty("AV", vec4_of(types.a, a.wide))
-        .ty("AV_B", vec4_of(types.b, b.wide))
+        .ty("AV", operand_vec(types.a, a.wide))
+        .ty("AV_B", operand_vec(types.b, b.wide))
         .source(
             "READ",
             read_source((types.a, a.wide), (types.b, b.wide), x3),
@@ -541,7 +541,9 @@ pub fn pre_vectors(spec: Spec) -> Spec {
 }
 
 /// `spec` with `pre` bound as vectors of 4 (`vectors`, as `pre_vectors`) or elements, of f16
-/// (`f16`: GELU's pre-activation under autocast, stored for its gradient) or f32.
+/// (`f16`: GELU's pre-activation under autocast, stored for its gradient) or f32. (Stored as
+/// u32 words of halves instead of vec4<f16>, C and `pre` ran the 8 x 512 --amp step alike on
+/// an H100, 15.33-15.43 ms against 15.22-15.41, 2026-11-27: not kept.)
 pub fn pre_binding(spec: Spec, vectors: bool, f16: bool) -> Spec {
     let (pb, pe) = match (vectors, f16) {
         (true, true) => ("vec4<f16>", "f16"),
@@ -571,10 +573,10 @@ fn generated(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> &'static str 
 }
 
 /// The READ snippet: for each operand x = a, b, `UnitX` (a unit as loaded, in f16), `unit_x(i,
-/// st, nv)` (its loads, always issued) and `half_x(u)` (masked to nv), written
-/// for the operand's element type and binding: vectors of 4, or (`wide` f16) mat2x4<f16>. With
-/// A_VEC / B_VEC a unit is one or two vector loads, else 8 gathered elements. Generated once per
-/// combination and kept for the process.
+/// st, nv)` (its loads, always issued) and `half_x(u)` (masked to nv), written for the
+/// operand's element type and binding: vectors of 4, or (`wide` f16) 16-byte units
+/// (`operand_vec`). With A_VEC / B_VEC a unit is one or two vector loads, else 8 gathered
+/// elements. Generated once per combination and kept for the process.
 ///
 /// With `x3` (f32 operands) a unit stays f32 until its store, where `half_x` gives its scaled
 /// high part and `low_x` its low part.
@@ -689,11 +691,31 @@ fn operand_source(x: &str, up: &str, (dtype, wide): (DType, bool)) -> String {
         DType::F16 => "f16",
         _ => "f32",
     };
-    // Two vector loads (4 elements each), or one 16-byte load of 8 halves; element e.
-    let (vec_load, elem) = if wide {
+    // Two vector loads (4 elements each), or one 16-byte load of 8 halves (as a matrix of
+    // halves); f16 with `f16_words` as u32 words of two halves each; element e.
+    let words = dtype == DType::F16 && f16_words();
+    let (vec_load, elem) = if wide && words {
+        (
+            format!(
+                "let w = {x}[first >> 3u];\n        \
+                 u.lo = vec4<f16>(vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)));\n        \
+                 u.hi = vec4<f16>(vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)));"
+            ),
+            format!("f16(unpack2x16float({x}[e >> 3u][(e >> 1u) & 3u])[e & 1u])"),
+        )
+    } else if wide {
         (
             format!("let v = {x}[first >> 3u];\n        u.lo = v[0];\n        u.hi = v[1];"),
             format!("{x}[e >> 3u][(e >> 2u) & 1u][e & 3u]"),
+        )
+    } else if words {
+        (
+            format!(
+                "let l = {x}[first >> 2u];\n        let h = {x}[(first >> 2u) + 1u];\n        \
+                 u.lo = vec4<f16>(vec4<f32>(unpack2x16float(l.x), unpack2x16float(l.y)));\n        \
+                 u.hi = vec4<f16>(vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y)));"
+            ),
+            format!("f16(unpack2x16float({x}[e >> 2u][(e >> 1u) & 1u])[e & 1u])"),
         )
     } else {
         (
@@ -703,10 +725,11 @@ fn operand_source(x: &str, up: &str, (dtype, wide): (DType, bool)) -> String {
             format!("f16({x}[e >> 2u][e & 3u])"),
         )
     };
-    let binding = if wide {
-        "16-byte units (mat2x4<f16>)"
-    } else {
-        "vectors of 4"
+    let binding = match (wide, words) {
+        (true, true) => "16-byte units (vec4<u32>: two halves a word)",
+        (true, false) => "16-byte units (mat2x4<f16>)",
+        (false, true) => "vectors of 4 (vec2<u32>: two halves a word)",
+        (false, false) => "vectors of 4",
     };
     format!("// {up}: {sc} elements in {binding}.\n")
         + &unit_source(x, up, "f16", &elem, &vec_load)
@@ -1178,8 +1201,30 @@ fn store_b_low(lid: u32, j: u32, u: UnitB, stage: u32) {{
     );
 }
 
-/// The vector an operand is bound as: 4 elements, or (`wide` f16) 8 halves in one 16-byte
-/// matrix (WGSL has no 8-element vector, and naga no bitcast from words to pairs of halves).
+/// Whether f16 operands are bound as u32 words, each unpacked to two halves
+/// (`unpack2x16float`, then f16), rather than as mat2x4<f16> (16-byte units) or vec4<f16>: on
+/// an H100 (2026-11-27) the 16-byte units as words ran 4096³ in 0.599 ms against 0.655 (229
+/// against 210 TFLOP/s) and the DistilGPT-2 8 x 512 --amp step in 15.61-15.70 ms against
+/// 16.50-16.58, as the attention kernels had read f16 faster as words than as f16 vectors.
+/// `WGRAD_COOP_WORDS=0` (a measurement switch) binds halves.
+fn f16_words() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("WGRAD_COOP_WORDS").as_deref() != Ok("0"))
+}
+
+/// What an operand is bound as: vectors of 4 elements, or (`wide` f16) 8 halves in 16 bytes;
+/// f16 as u32 words of two halves (`f16_words`: naga has no bitcast from a word to a pair of
+/// halves), or halves (WGSL has no 8-element vector: a 2 x 4 matrix).
+fn operand_vec(t: DType, wide: bool) -> &'static str {
+    match t {
+        DType::F16 if f16_words() && wide => "vec4<u32>",
+        DType::F16 if f16_words() => "vec2<u32>",
+        _ => vec4_of(t, wide),
+    }
+}
+
+/// The vector C or an operand of type `t` is bound as in halves or f32: 4 elements, or
+/// (`wide` f16) 8 halves in one 16-byte matrix.
 fn vec4_of(t: DType, wide: bool) -> &'static str {
     match t {
         DType::F16 if wide => "mat2x4<f16>",
