@@ -47,6 +47,14 @@ pub struct Args {
     tune_isolated: bool,
 }
 
+/// One kernel variant's compile (naga and the driver) on its worker.
+#[derive(Serialize)]
+struct SlowCompile {
+    kernel: &'static str,
+    variant: String,
+    ms: f64,
+}
+
 #[derive(Serialize)]
 struct Report {
     adapter: String,
@@ -62,6 +70,9 @@ struct Report {
     step0_pipelines_compiled: u64,
     step0_compile_ms: f64,
     step0_compile_wait_ms: f64,
+    /// The step-0 compiles that took longest (a variant's compile is one worker's work, so the
+    /// longest bounds the wait however many workers there are), longest first.
+    step0_slowest_compiles: Vec<SlowCompile>,
     compile_threads: usize,
     median_ms: f64,
     min_ms: f64,
@@ -164,6 +175,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut moved = 0u64;
     let mut losses = Vec::new();
     let mut step0 = (0, 0.0, 0.0);
+    let mut slowest = Vec::new();
     for i in 0..args.warmup.max(1) + args.steps {
         let c0 = dev.counters();
         let p0 = (i == 0).then(|| dev.pipeline_stats());
@@ -179,6 +191,15 @@ pub fn run(args: &Args) -> Result<()> {
                 p.compile_ms - p0.compile_ms,
                 (dev.counters() - c0).compile_wait_ns as f64 * 1e-6,
             );
+            slowest = dev
+                .slowest_compiles(5)
+                .into_iter()
+                .map(|(kernel, variant, ms)| SlowCompile {
+                    kernel,
+                    variant: variant.to_string(),
+                    ms,
+                })
+                .collect();
         }
         if i >= args.warmup.max(1) {
             let c = dev.counters() - c0;
@@ -207,6 +228,7 @@ pub fn run(args: &Args) -> Result<()> {
         step0_pipelines_compiled: step0.0,
         step0_compile_ms: step0.1,
         step0_compile_wait_ms: step0.2,
+        step0_slowest_compiles: slowest,
         compile_threads: dev.pipeline_stats().compile_threads,
         median_ms: median,
         min_ms: sorted.first().copied().unwrap_or(0.0),
@@ -247,6 +269,10 @@ pub fn run(args: &Args) -> Result<()> {
             report.compile_threads,
             report.step0_compile_wait_ms
         );
+        for c in &report.step0_slowest_compiles {
+            let v: String = c.variant.chars().take(72).collect();
+            println!("  compiled in {:>7.1} ms  {} [{v}]", c.ms, c.kernel);
+        }
         println!(
             "step median          {:>10.2} ms  (min {:.2}, max {:.2}, {} steps after {} warm-up)",
             report.median_ms,

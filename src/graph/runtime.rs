@@ -324,6 +324,12 @@ impl Device {
         self.state().pipelines.stats()
     }
 
+    /// The `n` kernel variants whose compiles took longest so far (`PipelineCache::
+    /// slowest_compiles`): kernel, variant, milliseconds.
+    pub fn slowest_compiles(&self, n: usize) -> Vec<(&'static str, std::sync::Arc<str>, f64)> {
+        self.state().pipelines.slowest_compiles(n)
+    }
+
     pub fn bind_groups_cached(&self) -> usize {
         self.state().bind_groups.len()
     }
@@ -850,6 +856,27 @@ mod tests {
             let _ = held.recv();
         });
         (dev, release)
+    }
+
+    #[test]
+    fn the_slowest_compiles_come_longest_first_with_their_times() {
+        let dev = Device::with_options(&DeviceOptions {
+            compile_threads: Some(2),
+            ..Default::default()
+        })
+        .expect("a device (lavapipe without a GPU)");
+        let x = Tensor::from_slice(&dev, &[1.0, 2.0, 3.0, 4.0], &[2, 2]).expect("an upload");
+        let y = x
+            .matmul(&x)
+            .expect("recorded")
+            .add_scalar(1.0)
+            .expect("recorded");
+        y.to_vec().expect("read back");
+        let all = dev.slowest_compiles(100);
+        assert!(all.len() >= 2, "{all:?}");
+        assert!(all.iter().all(|(_, _, ms)| *ms > 0.0), "{all:?}");
+        assert!(all.windows(2).all(|w| w[0].2 >= w[1].2), "{all:?}");
+        assert_eq!(dev.slowest_compiles(1), all[..1].to_vec());
     }
 
     #[test]

@@ -275,6 +275,8 @@ pub struct Pipeline {
     pub variant: Arc<str>,
     /// The workgroup-count limit per grid dimension, for `grid`.
     pub max_groups: u32,
+    /// Microseconds its compile took on its worker (naga and the driver), once compiled.
+    compile_us: std::sync::atomic::AtomicU64,
 }
 
 impl Pipeline {
@@ -338,6 +340,23 @@ impl PipelineCache {
         }
     }
 
+    /// The `n` compiled variants whose compiles took longest: (kernel, variant, milliseconds),
+    /// longest first.
+    pub fn slowest_compiles(&self, n: usize) -> Vec<(&'static str, Arc<str>, f64)> {
+        let mut all: Vec<_> = self
+            .pipelines
+            .values()
+            .flat_map(|m| m.values())
+            .map(|p| {
+                let us = p.compile_us.load(std::sync::atomic::Ordering::Relaxed);
+                (p.label, p.variant.clone(), us as f64 * 1e-3)
+            })
+            .collect();
+        all.sort_by(|a, b| b.2.total_cmp(&a.2));
+        all.truncate(n);
+        all
+    }
+
     pub fn stats(&self) -> PipelineStats {
         PipelineStats {
             pipelines_compiled: self.pipelines.values().map(|m| m.len() as u64).sum(),
@@ -367,14 +386,20 @@ impl PipelineCache {
             label: kernel.name,
             variant: spec.describe().into(),
             max_groups: self.max_groups,
+            compile_us: std::sync::atomic::AtomicU64::new(0),
         });
         let job = {
             let (p, device, spec) = (p.clone(), device.clone(), spec.clone());
             let (subgroups, checked) = (self.subgroups, self.checked);
             move || {
+                let start = std::time::Instant::now();
                 let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     compile(&device, kernel, &spec, &p.layout, subgroups, checked)
                 }));
+                p.compile_us.store(
+                    start.elapsed().as_micros() as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 let made = made.map_err(|e| {
                     e.downcast_ref::<String>()
                         .cloned()
