@@ -70,8 +70,9 @@ struct Report {
     step0_pipelines_compiled: u64,
     step0_compile_ms: f64,
     step0_compile_wait_ms: f64,
-    /// The step-0 compiles that took longest (a variant's compile is one worker's work, so the
-    /// longest bounds the wait however many workers there are), longest first.
+    /// The compiles that took longest by the end of step 0 (step 0's; with --tune the searches'
+    /// too): a variant's compile is one worker's work, so the longest bounds the wait however
+    /// many workers there are. Longest first.
     step0_slowest_compiles: Vec<SlowCompile>,
     compile_threads: usize,
     median_ms: f64,
