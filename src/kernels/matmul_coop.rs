@@ -1026,17 +1026,21 @@ fn unrolled_source(t: CoopTile, coop: Coop, c_direct: bool, x3: bool) -> String 
         let _ = writeln!(w, "{}}}\n", k_loop(t, in_turn, "k_lo", "k_hi"));
     } else {
         // A loop of their own for tiles inside C: a branch a step between the two fetches
-        // took 222 registers a lane against 207 and ran 4096³ at 168 TFLOP/s against 195.
+        // took 222 registers a lane against 207 and ran 4096³ at 168 TFLOP/s against 195. The
+        // ragged last step of such a tile, and every step of the others, go through one
+        // bounded loop after it: two copies of the loop, not three (a copy for the ragged step
+        // had doubled what the driver compiles: 0.8-1.15 s for the longest variants on an
+        // H100 against 0.41 with the bounded loop alone, 2026-11-27).
         let whole = k_loop(t, in_turn, "k_lo", "k_mid").replace("fetch_units", "fetch_whole");
         let _ = writeln!(
             w,
-            "    if (inside_c(wid)) {{\n\
+            "    var k_from = k_lo;\n\
+             \x20   if (inside_c(wid)) {{\n\
              \x20       whole_bases(wid, lid);\n\
-             \x20       // Whole steps of K, then the ragged last one (if any) bounded.\n\
-             \x20       let k_mid = k_hi - (k_hi - k_lo) % BK;\n{}{}    }} else {{\n{}    }}\n}}\n",
+             \x20       // Whole steps of K here, the ragged last one (if any) bounded below.\n\
+             \x20       let k_mid = k_hi - (k_hi - k_lo) % BK;\n{}        k_from = k_mid;\n    }}\n{}}}\n",
             indent(&whole),
-            indent(&k_loop(t, in_turn, "k_mid", "k_hi")),
-            indent(&k_loop(t, in_turn, "k_lo", "k_hi"))
+            k_loop(t, in_turn, "k_from", "k_hi")
         );
     }
     let _ = writeln!(
@@ -1489,9 +1493,9 @@ mod generated_tests {
         // Every accumulator multiplies once per fragment of K in a step.
         let kf = (t.bk / Coop::NVIDIA.fs) as usize;
         assert_eq!(src.matches("coopMultiplyAdd").count(), frags * kf);
-        // Three loops over K: a tile inside C's whole steps without bounds, its ragged last
-        // step bounded, and every other tile bounded (the loops as generated with none of the
-        // measurement switches that change them set).
+        // Two loops over K: a tile inside C's whole steps without bounds, then one bounded
+        // loop for its ragged last step and every step of the other tiles (the loops as
+        // generated with none of the measurement switches that change them set).
         let switched = [
             "WGRAD_COOP_WHOLE",
             "WGRAD_COOP_PREFETCH",
@@ -1501,12 +1505,13 @@ mod generated_tests {
         .any(|v| std::env::var_os(v).is_some());
         let product = &src[src.find("fn product(").unwrap()..src.find("fn spill(").unwrap()];
         if !switched {
-            assert_eq!(product.matches("multiply(sm, sn, 0u);").count(), 3);
+            assert_eq!(product.matches("multiply(sm, sn, 0u);").count(), 2);
             assert_eq!(product.matches("fetch_whole(wid, lid, k0);").count(), 1);
-            assert_eq!(product.matches("fetch_units(wid, lid, k0);").count(), 2);
+            assert_eq!(product.matches("fetch_units(wid, lid, k0);").count(), 1);
             assert!(
                 product.contains("k0 = k_lo; k0 < k_mid;")
-                    && product.contains("k0 = k_mid; k0 < k_hi;")
+                    && product.contains("k_from = k_mid;")
+                    && product.contains("k0 = k_from; k0 < k_hi;")
             );
         }
         // Generated once: the same text (address) for the same tile.
