@@ -52,8 +52,8 @@ impl BackwardCtx<'_> {
     }
 
     /// `put_with` where a first contribution through a view that covers its base makes the
-    /// base's gradient buffer of `dtype` (f16: the gradient of a GELU linear's output under
-    /// autocast, which only GELU's gradient reads) instead of f32; `f` sees the target's type.
+    /// base's gradient buffer of `dtype` (f16: a gradient whose producer reads f16,
+    /// `input_takes_half`) instead of f32; `f` sees the target's type.
     pub(crate) fn put_with_typed(
         &mut self,
         i: usize,
@@ -70,9 +70,10 @@ impl BackwardCtx<'_> {
             .is_some_and(|n| self.store.consumers.get(&n.id).copied() == Some(1))
     }
 
-    /// The name of the rule that made input `i` (or, for a view, its base), if an op did.
-    pub(crate) fn input_rule(&self, i: usize) -> Option<&'static str> {
-        node_of(&self.inputs[i]).map(|n| n.name)
+    /// Whether the rule that made input `i` (or, for a view, its base) reads its gradient as
+    /// f16 too (`Backward::takes_half_grad`); false for a leaf or an input no op made.
+    pub(crate) fn input_takes_half(&self, i: usize) -> bool {
+        node_of(&self.inputs[i]).is_some_and(|n| n.takes_half)
     }
 
     /// Inputs `i` and `j`, both wanting a gradient, get their contributions from one `f` (one

@@ -30,11 +30,20 @@ use crate::kernels::reduce::ReduceOp;
 pub(crate) trait Backward: Send + Sync {
     fn name(&self) -> &'static str;
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()>;
+
+    /// Whether this rule reads its output's gradient as f16 as well as f32, so that a
+    /// consumer that is all that contributes to it may store it f16
+    /// (`BackwardCtx::input_takes_half`). Asked once, when the op is recorded.
+    fn takes_half_grad(&self) -> bool {
+        false
+    }
 }
 
 pub(crate) struct Node {
     id: u64,
     name: &'static str,
+    /// The rule's `takes_half_grad`.
+    takes_half: bool,
     rule: Mutex<Option<Box<dyn Backward>>>,
     inputs: Mutex<Vec<Tensor>>,
 }
@@ -103,6 +112,7 @@ pub(crate) fn record<B: Backward + 'static>(
     let node = Node {
         id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
         name: rule.name(),
+        takes_half: rule.takes_half_grad(),
         rule: Mutex::new(Some(Box::new(rule))),
         inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
     };

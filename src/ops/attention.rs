@@ -23,13 +23,9 @@ use crate::kernels::attention_coop::Io;
 use crate::kernels::matmul_coop::Coop;
 use crate::ops::autocast_enabled;
 use crate::ops::elementwise::launch_copy;
-use crate::ops::linear::LINEAR_RULE;
 use crate::ops::Out;
 
 const OP: &str = "causal_attention";
-/// The rule name of the fused attention (`BackwardCtx::input_rule` finds it): a linear that
-/// reads its f16 output writes that output's gradient f16 for it.
-pub(crate) const ATTENTION_RULE: &str = OP;
 
 /// Whether a model under autocast on `device` should store its qkv projection f16 for the
 /// attention: the adapter has cooperative matrices (whose kernels read f16 inputs and write an
@@ -45,8 +41,8 @@ enum HalfMode {
     Off,
     /// `=in`: q, k, v f16 (the model's qkv projection), O and the gradients f32.
     Inputs,
-    /// The default: O f16 with f16 inputs, dO and the qkv gradient f16 where `LINEAR_RULE`
-    /// and sole contributions allow.
+    /// The default: O f16 with f16 inputs, dO and the qkv gradient f16 where their producers
+    /// read f16 gradients (`Backward::takes_half_grad`) and each is the one contribution.
     All,
 }
 
@@ -78,6 +74,12 @@ struct CausalAttentionBackward {
 impl Backward for CausalAttentionBackward {
     fn name(&self) -> &'static str {
         OP
+    }
+
+    /// The cooperative-matrix backward reads dO of either type, as it reads O: an f16 O's
+    /// gradient may be stored f16 (the output projection's dX under autocast).
+    fn takes_half_grad(&self) -> bool {
+        self.coop.is_some() && self.o.dtype() == DType::F16
     }
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
@@ -219,12 +221,13 @@ impl CausalAttentionBackward {
         let full = [b, t, 3 * h * d];
         let device = self.q.device().clone();
         let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, g, dvec];
-        // f16 where the cooperative-matrix kernels read f16 inputs that a linear made for them
-        // alone: its products round the gradient to f16 as they load it anyway.
+        // f16 where the cooperative-matrix kernels read f16 inputs made for them alone by an
+        // op that reads f16 gradients (a linear under autocast, whose products round the
+        // gradient to f16 as they load it anyway).
         let dtype = if self.coop.is_some()
             && self.q.dtype() == DType::F16
             && half_mode() == HalfMode::All
-            && ctx.input_rule(0) == Some(LINEAR_RULE)
+            && ctx.input_takes_half(0)
             && ctx.sole_contribution(0)
         {
             DType::F16

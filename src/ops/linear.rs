@@ -12,7 +12,6 @@ use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
 use crate::kernels::elementwise::{self, ternary, UnaryOp};
-use crate::ops::attention::ATTENTION_RULE;
 use crate::ops::elementwise::{launch, launch_copy};
 use crate::ops::matmul::{half_precision, Epilogue};
 use crate::ops::{autocast, Out};
@@ -38,19 +37,22 @@ struct LinearBackward {
     half: bool,
 }
 
-/// The rule name of a linear with GELU's epilogue (`BackwardCtx::input_rule` finds it).
+/// The rule name of a linear with GELU's epilogue.
 const GELU_RULE: &str = "linear_gelu";
-/// The rule name of a linear without it (the fused attention writes the gradient of a qkv
-/// projection f16 for one).
-pub(crate) const LINEAR_RULE: &str = OP;
 
 impl Backward for LinearBackward {
     fn name(&self) -> &'static str {
         if self.pre.is_some() {
             GELU_RULE
         } else {
-            LINEAR_RULE
+            OP
         }
+    }
+
+    /// Under autocast the backward products round g to f16 as they load it, and GELU's
+    /// gradient reads it as either type (unless `WGRAD_GELU_HALF` keeps it f32).
+    fn takes_half_grad(&self) -> bool {
+        self.half && (self.pre.is_none() || gelu_half() == GeluHalf::All)
     }
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
@@ -152,16 +154,11 @@ impl LinearBackward {
         if ctx.needed(0) {
             let x_shape = ctx.input(0).shape().to_vec();
             let wt = self.w.t()?;
-            // Under autocast, the gradient of a GELU linear's output is stored f16 where this
-            // is its only contribution (its reader, GELU's gradient, reads it as f32): the
-            // MLP's second dX. So is that of an f16 attention output (the cooperative-matrix
-            // attention's, which its backward reads as it reads O): the projection's dX.
-            let half_input = match ctx.input_rule(0) {
-                Some(GELU_RULE) => gelu_half() == GeluHalf::All,
-                Some(ATTENTION_RULE) => ctx.input(0).dtype() == DType::F16,
-                _ => false,
-            };
-            let dx_dtype = if self.half && half_input && ctx.sole_contribution(0) {
+            // Under autocast, the gradient of the input is stored f16 where its producer reads
+            // f16 gradients and this is its only contribution: the MLP's second dX (GELU's
+            // gradient reads it as f32) and the attention's output projection's dX (the
+            // cooperative-matrix attention's backward reads dO as it reads O).
+            let dx_dtype = if self.half && ctx.input_takes_half(0) && ctx.sole_contribution(0) {
                 DType::F16
             } else {
                 DType::F32
