@@ -1,18 +1,15 @@
 //! Adapter choice, features, limits, queue.
 //!
 //! Picks the best adapter (discrete GPU, then integrated, then virtual, then CPU), or the one
-//! the environment names: `WGRAD_BACKEND` (vulkan, metal, dx12) limits the backends searched,
-//! `WGRAD_ADAPTER` picks the first adapter whose name contains the given text (case-insensitive).
-//! `WGRAD_DISABLE_FEATURES` (comma list: subgroups, subgroup_barrier, f16, timestamps,
-//! immediates, cooperative_matrix) turns optional features off, so fallbacks can be tested on
-//! any adapter.
-//! `WGRAD_MAX_BINDING` (bytes) lowers the storage-binding limit wgrad uses and requests, so the
-//! paths for adapters with a small limit (lavapipe's 128 MiB: the embedding split into row
-//! shards) run on any adapter.
-//! The device is created with every useful feature the adapter has and the adapter's own limits.
+//! `config::AdapterChoice` names (`WGRAD_BACKEND`, `WGRAD_ADAPTER`); leaves off the optional
+//! features it says (`WGRAD_DISABLE_FEATURES`, so fallbacks can be tested on any adapter) and
+//! lowers the storage-binding limit to its cap (`WGRAD_MAX_BINDING`: lavapipe's 128 MiB paths,
+//! the embedding split into row shards, on any adapter). The device is created with every
+//! useful feature the adapter has and the adapter's own limits.
 
 use serde::Serialize;
 
+use crate::config::AdapterChoice;
 use crate::error::{Error, Result};
 
 /// Optional features wgrad uses when the adapter has them.
@@ -25,43 +22,6 @@ pub const USEFUL_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16
     .union(wgpu::Features::IMMEDIATES)
     .union(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
 
-/// How to choose the adapter; `Default` reads the environment.
-#[derive(Clone, Debug, Default)]
-pub struct DeviceOptions {
-    /// Backends to search (`None`: `WGRAD_BACKEND`, else all native backends).
-    pub backends: Option<wgpu::Backends>,
-    /// A case-insensitive part of the adapter name (`None`: `WGRAD_ADAPTER`).
-    pub adapter_name: Option<String>,
-    /// Features to leave off even when the adapter has them (added to `WGRAD_DISABLE_FEATURES`).
-    pub disable: wgpu::Features,
-    /// A max storage-binding size in bytes below the adapter's (`None`: `WGRAD_MAX_BINDING`,
-    /// else the adapter's own): tensors and parameter chunks are held to it as on an adapter
-    /// whose limit it is.
-    pub max_storage_binding: Option<u64>,
-    /// Threads that compile pipelines (`None`: `WGRAD_COMPILE_THREADS`, else one per core;
-    /// at most 16; `Some(0)`: each compiled where it is first recorded).
-    pub compile_threads: Option<usize>,
-    /// Bytes the buffer pool may hold (live and free) in buffers it makes rather than reuse
-    /// one given back in the open Segment (`Some(0)`: a free buffer is reused at once, as
-    /// `WGRAD_POOL_REUSE=any`; `None`: as the environment says, by default reused at once
-    /// until a trainer sets `Reuse::REPEATING`). See `memory::Reuse`.
-    pub pool_budget: Option<u64>,
-    /// Whether f32 products run on the tensor cores as three f16 products of their operands'
-    /// scaled high and low parts, where the adapter has cooperative matrices (`None`: yes,
-    /// unless `WGRAD_F32_MATMUL=tiled`; `Some(false)`: the tiled f32 kernel).
-    pub f32_tensor_cores: Option<bool>,
-    /// Whether a product split into ranges of K (tiled or cooperative-matrix, not X3) sums
-    /// them in its own dispatch, the last range of each tile adding the others' partials
-    /// (`None`: yes on Vulkan and the noop backend, unless `WGRAD_SPLIT_SUM=dispatch`;
-    /// `Some(true)`: on any backend, Metal's and DX12's unchecked; `Some(false)`: a second
-    /// dispatch sums them). Either way it needs 7 storage bindings a shader.
-    pub split_in_one_dispatch: Option<bool>,
-    /// Whether the LayerNorm backward sums dgamma and dbeta in its own dispatch where split
-    /// products do (`None`: only with `WGRAD_LN_SUM=one`: slower than a second dispatch on an
-    /// H100, PROFILING.md; it needs 10 storage bindings a shader).
-    pub layernorm_sums_in_one_dispatch: Option<bool>,
-}
-
 /// The wgpu device and what it can do.
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -73,18 +33,12 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    pub fn new(options: &DeviceOptions) -> Result<Gpu> {
-        let backends = match (&options.backends, std::env::var("WGRAD_BACKEND")) {
-            (Some(b), _) => *b,
-            (None, Ok(s)) => wgpu::Backends::from_comma_list(&s),
-            (None, Err(_)) => wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
-        };
-        let wanted_name = options
-            .adapter_name
-            .clone()
-            .or_else(|| std::env::var("WGRAD_ADAPTER").ok())
-            .map(|s| s.to_lowercase());
-        let disable = options.disable | disabled_from_env();
+    pub fn new(choice: &AdapterChoice) -> Result<Gpu> {
+        let backends = choice
+            .backends
+            .unwrap_or(wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12);
+        let wanted_name = choice.name.as_ref().map(|s| s.to_lowercase());
+        let disable = choice.disable;
 
         let mut descriptor = wgpu::InstanceDescriptor {
             backends,
@@ -110,7 +64,8 @@ impl Gpu {
         let info = adapter.get_info();
         let features = adapter.features() & USEFUL_FEATURES & !disable;
         let mut limits = adapter.limits();
-        if let Some(cap) = binding_cap(options)? {
+        if let Some(cap) = choice.max_storage_binding {
+            crate::config::check_binding_cap(cap)?;
             limits.max_storage_buffer_binding_size =
                 limits.max_storage_buffer_binding_size.min(cap);
         }
@@ -252,58 +207,6 @@ fn adapter_rank(t: wgpu::DeviceType) -> u8 {
         wgpu::DeviceType::Other => 3,
         wgpu::DeviceType::Cpu => 4,
     }
-}
-
-/// The binding cap of `options`, else of `WGRAD_MAX_BINDING` (bytes; a multiple of 4, so
-/// whole f32 elements fit).
-fn binding_cap(options: &DeviceOptions) -> Result<Option<u64>> {
-    let cap = match (
-        options.max_storage_binding,
-        std::env::var("WGRAD_MAX_BINDING"),
-    ) {
-        (Some(cap), _) => cap,
-        (None, Ok(text)) => text.trim().parse().map_err(|e| Error::InvalidArgument {
-            op: "WGRAD_MAX_BINDING",
-            reason: format!("`{text}` is not a byte count: {e}"),
-        })?,
-        (None, Err(_)) => return Ok(None),
-    };
-    // 1 KiB: a floor that keeps every small tensor of the tests and kernels bindable.
-    if cap < 1024 || !cap.is_multiple_of(4) {
-        return Err(Error::InvalidArgument {
-            op: "WGRAD_MAX_BINDING",
-            reason: format!(
-                "a binding cap of {cap} bytes: it must be at least 1024 and a multiple of 4"
-            ),
-        });
-    }
-    Ok(Some(cap))
-}
-
-fn disabled_from_env() -> wgpu::Features {
-    let Ok(list) = std::env::var("WGRAD_DISABLE_FEATURES") else {
-        return wgpu::Features::empty();
-    };
-    let mut off = wgpu::Features::empty();
-    for name in list.split(',').map(str::trim) {
-        off |= match name {
-            "subgroups" => wgpu::Features::SUBGROUP,
-            "subgroup_barrier" => wgpu::Features::SUBGROUP_BARRIER,
-            "f16" => wgpu::Features::SHADER_F16,
-            "timestamps" => {
-                wgpu::Features::TIMESTAMP_QUERY
-                    | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
-                    | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            }
-            // Timestamps around passes only: `wgrad profile` then times each submit's pass,
-            // which costs nothing between dispatches (see PROFILING.md).
-            "timestamps_inside_passes" => wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
-            "immediates" => wgpu::Features::IMMEDIATES,
-            "cooperative_matrix" => wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
-            _ => wgpu::Features::empty(),
-        };
-    }
-    off
 }
 
 /// The adapter, as `wgrad info --json` prints it.

@@ -125,3 +125,14 @@ pub enum Error {
         seq_len: usize,
     },
 }
+
+impl Error {
+    /// Whether the error is an adapter limit the work exceeds (one storage binding, workgroups
+    /// per dimension): the same work fits a larger adapter. Benchmarks skip such sizes.
+    pub fn is_adapter_limit(&self) -> bool {
+        matches!(
+            self,
+            Error::BindingTooLarge { .. } | Error::TooManyWorkgroups { .. }
+        )
+    }
+}

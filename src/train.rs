@@ -13,16 +13,9 @@ use crate::optim::{AdamW, AdamWConfig, LossScaleConfig, LrSchedule};
 /// embeddings and a GPT-2 block, enough GPU work to cover the CPU recording and encoding the
 /// rest of the forward (a forward dispatch costs the CPU about 8 us and an H200 25-250 us at
 /// DistilGPT-2's 4x128 to 8x512), so the GPU starts within a few hundred microseconds of the
-/// step instead of after the whole forward is recorded.
-/// `WGRAD_FIRST_SUBMIT=N` sets it, for measuring.
+/// step instead of after the whole forward is recorded. A `lab` build's `WGRAD_FIRST_SUBMIT`
+/// sets it.
 const FIRST_SUBMIT_DISPATCHES: usize = 16;
-
-fn first_submit_dispatches() -> usize {
-    std::env::var("WGRAD_FIRST_SUBMIT")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(FIRST_SUBMIT_DISPATCHES)
-}
 
 pub struct Trainer {
     pub model: Gpt2,
@@ -43,20 +36,24 @@ impl Trainer {
         let mut opt = AdamW::new(&model.params, config)?;
         // Steps repeat: buffers made in the first serve every later one, and the dispatches
         // that write them do not wait for the ones before (`memory::Reuse`).
-        model
-            .params
-            .device()
-            .set_pool_reuse(Reuse::from_env(Reuse::REPEATING));
+        model.params.device().set_pool_reuse(Reuse::REPEATING);
         if model.amp() {
             opt.enable_loss_scaling(&model.params, LossScaleConfig::default())?;
         }
+        let first_submit = model
+            .params
+            .device()
+            .options()
+            .lab
+            .first_submit()
+            .unwrap_or(FIRST_SUBMIT_DISPATCHES);
         Ok(Trainer {
             model,
             opt,
             schedule,
             lr,
             step: 0,
-            first_submit: first_submit_dispatches(),
+            first_submit,
         })
     }
 

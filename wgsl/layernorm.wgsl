@@ -21,22 +21,6 @@
 //   and of dbeta into dgamma[dgamma_offset + c * dgamma_stride] and dbeta[...] (each written
 //   per its mode G_OUT, B_OUT: none, overwrite or add). Fixed summation order: the same bits
 //   every run (no atomics).
-// layernorm_backward_params: layernorm_backward with PARAMS, and stage 2 in the same dispatch
-//   (the ticket pattern of matmul_split_tail.wgsl, on two levels). The chunks are in groups
-//   of group_chunks (n_groups of them, the last maybe shorter). Each workgroup stores its
-//   chunk's partials into `part`, then takes its group's ticket (tickets[group]); the one that
-//   takes the group's last sums the group's partials in chunk order into the group's slot of
-//   a second (2, n_groups, C) region after the (2, n_chunks, C) partials, then takes the
-//   product-wide ticket (tickets[n_groups]); the one that takes the last of those sums the
-//   groups' slots in group order into dgamma and dbeta (per G_OUT, B_OUT, as stage 2). With
-//   one group, its last workgroup writes dgamma and dbeta at once. Each last workgroup sets
-//   its ticket back to 0 for the next dispatch on the tickets. A parameter whose mode is NONE
-//   is neither stored nor summed. Fixed summation order: the same bits every run.
-//   Ordering as in matmul_split_tail.wgsl: a workgroup's partial stores, a device-scope
-//   storageBarrier, then its ticket; the last workgroup's ticket, a device-scope
-//   storageBarrier, then its loads. The partials are stored and loaded as atomics (f32 bits
-//   in u32): naga does not decorate storage buffers Coherent, so plain loads of another
-//   workgroup's stores are not ordered by the barriers in either of SPIR-V's memory models.
 //
 // Memory: x (f32) and dy (DY: f32 or f16) are (rows, C) row-major from x_offset / dy_offset;
 // gamma and beta (C) from their offsets; mean and rstd (rows); y (rows, C) from 0, dx (rows, C)
@@ -47,8 +31,9 @@
 // a target whose mode is NONE) is bound to another read-write buffer of the dispatch.
 // Specialization: YT (y's type), DY (dy's type), ACC (dx adds into its output: gradient
 // accumulation), DX and PARAMS (what layernorm_backward writes), G_OUT and B_OUT (stage 2's
-// modes, and layernorm_backward_params'). Every variant defines them all; each kernel reads
-// its own.
+// modes). Every variant defines them all; each kernel reads its own. (Stage 2 in the
+// backward's own dispatch, its last workgroups summing the partials, measured slower than the
+// second dispatch on an H100: docs/decisions.md.)
 
 struct Params {
     rows: u32,
@@ -65,8 +50,8 @@ struct Params {
     dgamma_stride: u32,
     dbeta_offset: u32,
     dbeta_stride: u32,
-    group_chunks: u32,    // layernorm_backward_params: chunks a group, and the groups
-    n_groups: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 // Stage 2's modes per target.
@@ -97,14 +82,6 @@ const ADD: u32 = 2u;
 @group(0) @binding(1) var<storage, read_write> dgamma: array<f32>; // (C), strided
 @group(0) @binding(2) var<storage, read_write> dbeta: array<f32>;  // (C), strided
 @group(0) @binding(3) var<storage, read> partial_in: array<f32>;   // (2, n_chunks, C)
-
-// layernorm_backward_params: layernorm_backward's seven (`part` in partial's place), then
-// dgamma_out, dbeta_out, tickets. `part`: the chunks' (2, n_chunks, C), then the groups'
-// (2, n_groups, C), as f32 bits. `tickets`: n_groups + 1 used, each 0 between dispatches.
-@group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
-@group(0) @binding(8) var<storage, read_write> dgamma_out: array<f32>;  // (C), strided
-@group(0) @binding(9) var<storage, read_write> dbeta_out: array<f32>;   // (C), strided
-@group(0) @binding(10) var<storage, read_write> tickets: array<atomic<u32>>;
 
 // Columns a lane keeps in registers: the forward's x, the backward's x-hat, dy and gamma, and
 // its dgamma and dbeta sums over a chunk's rows: C up to 1024 = 4 x 256 in one pass (GPT-2
@@ -277,188 +254,6 @@ fn layernorm_backward(@builtin(workgroup_id) wid: vec3<u32>,
         let s = column_sums(first, last, c);
         partial[g_base + c] = s.x;
         partial[b_base + c] = s.y;
-    }
-}
-
-// Element i of `part`, stored (`put_part`) and loaded as atomics (f32 bits).
-fn put_part(i: u32, v: f32) {
-    atomicStore(&part[i], bitcast<u32>(v));
-}
-
-fn part_at(i: u32) -> f32 {
-    return bitcast<f32>(atomicLoad(&part[i]));
-}
-
-// Element c of dgamma is sg and of dbeta sb, each written per its mode.
-fn put_params(c: u32, sg: f32, sb: f32) {
-    let og = p.dgamma_offset + c * p.dgamma_stride;
-    if (G_OUT == WRITE) { dgamma_out[og] = sg; }
-    if (G_OUT == ADD) { dgamma_out[og] = dgamma_out[og] + sg; }
-    let ob = p.dbeta_offset + c * p.dbeta_stride;
-    if (B_OUT == WRITE) { dbeta_out[ob] = sb; }
-    if (B_OUT == ADD) { dbeta_out[ob] = dbeta_out[ob] + sb; }
-}
-
-// A tail's step: 4 slices (chunks or groups) of a lane's LANE_COLS (4) columns of both
-// parameters, 32 loads issued before the step's sums, so a tail over 16 slices waits about 4
-// load latencies a pass over the columns. The loads are behind no branch (columns past C read
-// the last one's, whose sums are never stored) and land in vectors, not arrays indexed in
-// loops: loaded into arrays behind a branch each they waited one after another on an H100
-// (about 0.5 us a chunk summed, 2026-11-26).
-const_assert LANE_COLS == 4u;
-
-// Where column c0 + j * RED_WG (j < 4) of a (2, slices, C) region of `part` from `at` starts
-// at slice `first`: the column clamped into C.
-fn tail_offsets(at: u32, first: u32, c0: u32) -> vec4<u32> {
-    let base = at + first * p.cols;
-    let last = p.cols - 1u;
-    return vec4<u32>(
-        base + min(c0, last),
-        base + min(c0 + RED_WG, last),
-        base + min(c0 + 2u * RED_WG, last),
-        base + min(c0 + 3u * RED_WG, last),
-    );
-}
-
-// The partials at four offsets.
-fn part4(o: vec4<u32>) -> vec4<f32> {
-    return vec4<f32>(part_at(o.x), part_at(o.y), part_at(o.z), part_at(o.w));
-}
-
-// Columns c0 + j * RED_WG (j < LANE_COLS) of dgamma and dbeta summed in slice order over
-// slices first..first + count of a (2, slices, C) region of `part` from `at` (a parameter
-// whose mode is NONE: 0; a column past C: not a sum, never stored).
-fn tail_sums(at: u32, slices: u32, first: u32, count: u32, c0: u32) -> LaneSums {
-    let og = tail_offsets(at, first, c0);
-    let ob = og + vec4<u32>(slices * p.cols);
-    let row = p.cols;
-    var sg = vec4<f32>(0.0);
-    var sb = vec4<f32>(0.0);
-    var k = 0u;
-    for (; k + 4u <= count; k += 4u) {
-        let o = vec4<u32>(k * row);
-        var g0 = vec4<f32>(0.0);
-        var g1 = vec4<f32>(0.0);
-        var g2 = vec4<f32>(0.0);
-        var g3 = vec4<f32>(0.0);
-        var b0 = vec4<f32>(0.0);
-        var b1 = vec4<f32>(0.0);
-        var b2 = vec4<f32>(0.0);
-        var b3 = vec4<f32>(0.0);
-        if (G_OUT != NONE) {
-            g0 = part4(og + o);
-            g1 = part4(og + o + vec4<u32>(row));
-            g2 = part4(og + o + vec4<u32>(2u * row));
-            g3 = part4(og + o + vec4<u32>(3u * row));
-        }
-        if (B_OUT != NONE) {
-            b0 = part4(ob + o);
-            b1 = part4(ob + o + vec4<u32>(row));
-            b2 = part4(ob + o + vec4<u32>(2u * row));
-            b3 = part4(ob + o + vec4<u32>(3u * row));
-        }
-        sg += g0;
-        sg += g1;
-        sg += g2;
-        sg += g3;
-        sb += b0;
-        sb += b1;
-        sb += b2;
-        sb += b3;
-    }
-    for (; k < count; k++) {
-        let o = vec4<u32>(k * row);
-        if (G_OUT != NONE) { sg += part4(og + o); }
-        if (B_OUT != NONE) { sb += part4(ob + o); }
-    }
-    var s: LaneSums;
-    for (var j = 0u; j < LANE_COLS; j++) {
-        s.g[j] = sg[j];
-        s.b[j] = sb[j];
-    }
-    return s;
-}
-
-var<workgroup> tail_last: u32;
-
-// Lane 0 takes ticket t, of `count` a dispatch; whether this workgroup took the last (the
-// same answer in every lane). The last sets the ticket back to 0. Called by every lane once
-// the workgroup's stores are made.
-fn takes_last(t: u32, count: u32, lid: u32) -> bool {
-    storageBarrier();
-    if (lid == 0u) {
-        let last = atomicAdd(&tickets[t], 1u) + 1u == count;
-        if (last) {
-            atomicStore(&tickets[t], 0u);
-        }
-        tail_last = select(0u, 1u, last);
-    }
-    return workgroupUniformLoad(&tail_last) == 1u;
-}
-
-@compute @workgroup_size(RED_WG)
-fn layernorm_backward_params(@builtin(workgroup_id) wid: vec3<u32>,
-                             @builtin(num_workgroups) nwg: vec3<u32>, lanes: Lanes) {
-    let chunk = wid.y * nwg.x + wid.x;
-    // chunk is the same for the whole workgroup, so this exit skips no lane's barrier.
-    if (chunk >= p.n_chunks) { return; }
-    let first = chunk * p.chunk_rows;
-    let last = min(first + p.chunk_rows, p.rows);
-    let lid = lanes.lid;
-    let sums = backward_rows(first, last, lanes);
-    let g_base = chunk * p.cols;
-    let b_base = (p.n_chunks + chunk) * p.cols;
-    for (var j = 0u; j < LANE_COLS; j++) {
-        let c = lid + j * RED_WG;
-        if (c < p.cols) {
-            if (G_OUT != NONE) { put_part(g_base + c, sums.g[j]); }
-            if (B_OUT != NONE) { put_part(b_base + c, sums.b[j]); }
-        }
-    }
-    for (var c = lid + LANE_COLS * RED_WG; c < p.cols; c += RED_WG) {
-        let s = column_sums(first, last, c);
-        if (G_OUT != NONE) { put_part(g_base + c, s.x); }
-        if (B_OUT != NONE) { put_part(b_base + c, s.y); }
-    }
-
-    // The group's last workgroup: the group's chunks in chunk order.
-    let group = chunk / p.group_chunks;
-    let group_first = group * p.group_chunks;
-    let in_group = min(p.group_chunks, p.n_chunks - group_first);
-    if (!takes_last(group, in_group, lid)) { return; }
-    storageBarrier();
-    let one_group = p.n_groups == 1u;
-    // The groups' region: (2, n_groups, C) after the chunks'.
-    let groups_at = 2u * p.n_chunks * p.cols;
-    for (var c0 = lid; c0 < p.cols; c0 += LANE_COLS * RED_WG) {
-        let s = tail_sums(0u, p.n_chunks, group_first, in_group, c0);
-        for (var j = 0u; j < LANE_COLS; j++) {
-            let c = c0 + j * RED_WG;
-            if (c < p.cols) {
-                if (one_group) {
-                    put_params(c, s.g[j], s.b[j]);
-                } else {
-                    if (G_OUT != NONE) { put_part(groups_at + group * p.cols + c, s.g[j]); }
-                    if (B_OUT != NONE) {
-                        put_part(groups_at + (p.n_groups + group) * p.cols + c, s.b[j]);
-                    }
-                }
-            }
-        }
-    }
-    if (one_group) { return; }
-
-    // The last group's last workgroup: the groups in group order.
-    if (!takes_last(p.n_groups, p.n_groups, lid)) { return; }
-    storageBarrier();
-    for (var c0 = lid; c0 < p.cols; c0 += LANE_COLS * RED_WG) {
-        let s = tail_sums(groups_at, p.n_groups, 0u, p.n_groups, c0);
-        for (var j = 0u; j < LANE_COLS; j++) {
-            let c = c0 + j * RED_WG;
-            if (c < p.cols) {
-                put_params(c, s.g[j], s.b[j]);
-            }
-        }
     }
 }
 

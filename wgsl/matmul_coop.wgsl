@@ -53,8 +53,8 @@
 // of 8), so C's last row is the column sums of B; matmul_coop_sums stores it to `pre` at
 // bias_off (a linear's bias gradient beside dW = x^T dz; split, the partials keep it).
 // Specialization: snippet READ; FS, SGS, SG_M, SG_N, FM, FN, BK, STAGES, PARTS, A_UK, B_UN,
-// A_VEC, B_VEC, A_WIDE, B_WIDE, C_DIRECT, C_VEC, ACC, A_ONES, SPLIT_EPI, SPREAD, GROUP_M,
-// EPI_FRAGS; types
+// A_VEC, B_VEC, A_WIDE, B_WIDE, C_VEC, ACC, A_ONES, SPLIT_EPI, SPREAD, EPI_FRAGS;
+// types
 // MA, MB, MC (fragments), AV, AV_B (operand vectors), TC (C's elements), CB (its binding's), PB
 // (`pre`'s binding's), PE (`pre`'s elements: f32, or f16 for GELU's pre-activation under
 // autocast); snippets TILE, C, PRE and UNROLLED.
@@ -160,15 +160,15 @@ struct Unit {
 // branches, or used at once, are not overlapped with it (4096^3 on an H200: 77 TFLOP/s with
 // branches, 137 with selects at the load, 155 with the masking at the store).
 
+// Rows of tiles a group of the grid takes (`tile_of`): 8 (4096³ on an H100 198.6 -> 200.5
+// TFLOP/s against the grid's own order, 2026-11-26; docs/decisions.md).
+const GROUP_M: u32 = 8u;
+
 // The tile of C (x: column of tiles, y: row of tiles, z: batch or range of K) that workgroup g
-// of the grid (N tiles, M tiles, z) computes: g itself with GROUP_M 1, else the grid taken
-// GROUP_M rows of tiles at a time, down each column of such a group before the next column,
-// so that the workgroups that run at one time read fewer rows of A and columns of B (more of
-// them found in L2). GROUP_M 8: 4096³ on an H100 198.6 -> 200.5 TFLOP/s (2026-11-26).
+// of the grid (N tiles, M tiles, z) computes: the grid taken GROUP_M rows of tiles at a time,
+// down each column of such a group before the next column, so that the workgroups that run at
+// one time read fewer rows of A and columns of B (more of them found in L2).
 fn tile_of(g: vec3<u32>) -> vec3<u32> {
-    if (GROUP_M <= 1u) {
-        return g;
-    }
     let nx = (p.n + BN - 1u) / BN;
     let ny = (p.m + BM - 1u) / BM;
     let per = GROUP_M * nx;
@@ -317,13 +317,11 @@ fn frag_b(k0: u32, n0: u32, stage: u32) -> MB {
     return coopLoad<MB>(&b_sh[i], s);
 }
 
-// `zero_acc()`, `load_acc(wid, sg)` (the accumulators from C), `bias_acc(wid, sg, lane)` (the
-// accumulators from the bias, broadcast down the rows), `product(wid, lid, sg)` (adds
-// the workgroup's tile of A @ B into the subgroup's accumulators), `spill(f, sg)` (accumulator f into the
-// subgroup's FS x FS f32 scratch tile, row-major) and `store_direct(wid, sg)` (every
-// accumulator straight to C) come with the generated snippet (see the launcher): the
-// accumulators and the units in flight are separate variables there and the loops over them
-// unrolled, so they stay in registers.
+// `zero_acc()`, `product(wid, lid, sg)` (adds the workgroup's tile of A @ B into the
+// subgroup's accumulators) and `spill(f, sg)` (accumulator f into the subgroup's FS x FS f32
+// scratch tile, row-major) come with the generated snippet (kernels/matmul_coop/codegen.rs):
+// the accumulators and the units in flight are separate variables there and the loops over
+// them unrolled, so they stay in registers.
 
 // Row and column in C of element e (< FE) of accumulator f of subgroup sg.
 fn frag_row(wid: vec3<u32>, sg: u32, f: u32, e: u32) -> u32 {
@@ -337,11 +335,6 @@ fn frag_col(wid: vec3<u32>, sg: u32, f: u32, e: u32) -> u32 {
 // `store_c(o, v)` (element o of C) and `store_c4(o, v)` (elements o .. o + 3) come with the
 // C snippet: C bound as its elements, or with C_VEC as vectors of 4.
 
-
-// Element (0, 0) in C of accumulator f of subgroup sg.
-fn c_frag(wid: vec3<u32>, sg: u32, f: u32) -> u32 {
-    return p.c_off + wid.z * p.c_bs + frag_row(wid, sg, f, 0u) * p.c_ms + frag_col(wid, sg, f, 0u);
-}
 
 // The scratch-tile epilogue: a spilled fragment is stored lane by lane, lane l taking elements
 // l, l + SGS, l + 2 SGS, ... of it: one column (the fragment's column l % FS) and every
@@ -459,21 +452,8 @@ fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let wid = tile_of(wg);
     scales_init(lane);
-    // C_DIRECT (f32 C with unit column stride, 16-byte aligned rows): a tile inside C starts
-    // its accumulators from C (ACC) and stores them straight to it, no scratch, no barrier.
-    // (Computed here: naga takes the entry point's workgroup id as uniform, and cooperative
-    // operations need uniform control flow.)
-    let direct = C_DIRECT && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
-    if (direct && ACC) {
-        load_acc(wid, sg);
-    } else {
-        zero_acc();
-    }
+    zero_acc();
     product(wid, lid, sg);
-    if (direct) {
-        store_direct(wid, sg);
-        return;
-    }
     for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
@@ -496,24 +476,14 @@ fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
 }
 
-// C = A @ B + bias (bias indexed by column). With C_DIRECT a tile inside C (not
-// accumulating) starts from the bias and is stored straight to C.
+// C = A @ B + bias (bias indexed by column).
 @compute @workgroup_size(WG)
 fn matmul_coop_bias(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let wid = tile_of(wg);
     scales_init(lane);
-    let direct = C_DIRECT && !ACC && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
-    if (direct) {
-        bias_acc(wid, sg, lane);
-    } else {
-        zero_acc();
-    }
+    zero_acc();
     product(wid, lid, sg);
-    if (direct) {
-        store_direct(wid, sg);
-        return;
-    }
     for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();
@@ -543,8 +513,7 @@ fn matmul_coop_bias(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
 }
 
 // C = A @ B + bias + R, with R (the residual a block adds the product to: contiguous (M, N) f32,
-// batch 1) read through `pre` from res_off; through the scratch tile (no direct stores). An
-// entry point of its own, like matmul_coop_sums: a shader naming `pre` needs it in its layout.
+// batch 1) read through `pre` from res_off. An entry point of its own, like matmul_coop_sums: a shader naming `pre` needs it in its layout.
 @compute @workgroup_size(WG)
 fn matmul_coop_bias_res(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
@@ -585,25 +554,15 @@ fn matmul_coop_bias_res(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_inv
 }
 
 // C = A @ B with A_ONES: C's last row (the column sums of B) to pre at bias_off instead
-// (unless split: the partials keep it). That row is never in a tile inside C (M is odd). An
-// entry point of its own, as matmul_coop's layout has no `pre` (a shader that names a binding
+// (unless split: the partials keep it). An entry point of its own, as matmul_coop's layout has no `pre` (a shader that names a binding
 // needs it in its layout, even behind a constant that is false).
 @compute @workgroup_size(WG)
 fn matmul_coop_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let wid = tile_of(wg);
     scales_init(lane);
-    let direct = C_DIRECT && (wid.y + 1u) * BM <= p.m && (wid.x + 1u) * BN <= p.n;
-    if (direct && ACC) {
-        load_acc(wid, sg);
-    } else {
-        zero_acc();
-    }
+    zero_acc();
     product(wid, lid, sg);
-    if (direct) {
-        store_direct(wid, sg);
-        return;
-    }
     for (var f = 0u; f < EPI_FRAGS; f++) {
         spill(f, sg);
         workgroupBarrier();

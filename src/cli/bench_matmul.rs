@@ -1,11 +1,13 @@
 //! `wgrad bench matmul --dtype f32|f16|mixed [--search]`: TFLOP/s per product and the kernel
 //! variant each runs on (the cooperative-matrix kernel for f16 where the adapter has one, else
 //! the tiled kernel), with the bytes moved at least (each operand read once, C written once) as
-//! GB/s, each against the roof measured in the same run (f16 cooperative-matrix or f32 FMA
-//! TFLOP/s, device-to-device copy GB/s: `profile::ceilings`). `--search` measures every
+//! GB/s, each against the roof measured in the same run (device-to-device copy GB/s; in a `lab`
+//! build f16 cooperative-matrix or f32 FMA TFLOP/s: `profile::ceilings`). A product over the
+//! adapter's limits is skipped with a line naming the limit. `--search` measures every
 //! tile the product's kernel can run, lists them, keeps the fastest in the adapter's tile table
 //! and writes it to its cache file. Prints a table, or `--json`.
 
+use super::limits::{or_skip, print_skipped, roofs_line};
 use serde::Serialize;
 use wgrad::kernels::tuning::{natural_rows_aligned, ProductKey};
 use wgrad::ops::matmul_variant;
@@ -67,8 +69,8 @@ struct Row {
     /// Shares of the measured roofs: TFLOP/s of the kernel's arithmetic roof (cooperative
     /// matrices for a mixed-precision product where the adapter has them, a third of theirs
     /// for an f32 product on them (X3: three f16 products), else f32 FMA), GB/s of the
-    /// device-to-device copy.
-    of_compute_roof: f64,
+    /// device-to-device copy. (The compute roofs are a `lab` build's: null without them.)
+    of_compute_roof: Option<f64>,
     of_copy: f64,
     /// With --search: every tile measured, and the heuristic tile's time.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -95,6 +97,8 @@ struct Report {
     /// With --search: where the tile table was written.
     #[serde(skip_serializing_if = "Option::is_none")]
     tile_table: Option<String>,
+    /// Products over this adapter's limits, not run: what and which limit.
+    skipped: Vec<String>,
 }
 
 /// (m, n, k, batch, A transposed, B transposed).
@@ -178,6 +182,7 @@ pub fn run(args: &Args) -> Result<()> {
             .collect()
     };
     let mut rows = Vec::new();
+    let mut skipped = Vec::new();
     for (m, n, k, batch, a_t, b_t) in shapes {
         let key = ProductKey {
             m: m as u32,
@@ -194,13 +199,23 @@ pub fn run(args: &Args) -> Result<()> {
             residual: false,
             aligned: natural_rows_aligned(m, n, k, batch, a_t, b_t),
         };
-        let search: Option<Search> = if args.search {
-            Some(tune::search(&device, &key, args.reps)?)
-        } else {
-            None
+        let measured = or_skip((|| {
+            let search: Option<Search> = if args.search {
+                Some(tune::search(&device, &key, args.reps)?)
+            } else {
+                None
+            };
+            let (a, b) = tune::operands(&device, &key)?;
+            let ms = tune::time_product(&device, &a, &b, &key, args.reps)?;
+            Ok((search, ms))
+        })())?;
+        let (search, ms) = match measured {
+            Ok(m) => m,
+            Err(limit) => {
+                skipped.push(format!("{}: {limit}", key.describe()));
+                continue;
+            }
         };
-        let (a, b) = tune::operands(&device, &key)?;
-        let ms = tune::time_product(&device, &a, &b, &key, args.reps)?;
         let c_bytes = 4 * m * n * batch;
         let bytes = batch * (m * k * if a_f16 { 2 } else { 4 } + k * n * if b_f16 { 2 } else { 4 })
             + c_bytes;
@@ -221,8 +236,8 @@ pub fn run(args: &Args) -> Result<()> {
         // An X3 product (f32 on cooperative matrices) makes three f16 products of each f32
         // one: its roof, counted in the f32 product's flops, is a third of theirs.
         let compute_roof = match (kernel.starts_with("coop"), roofs.coop_tflops) {
-            (true, Some(t)) if kernel.contains(" x3") => t / 3.0,
-            (true, Some(t)) => t,
+            (true, Some(t)) if kernel.contains(" x3") => Some(t / 3.0),
+            (true, Some(t)) => Some(t),
             _ => roofs.fma_tflops,
         };
         let gbps = bytes as f64 / (ms * 1e-3) / 1e9;
@@ -242,7 +257,7 @@ pub fn run(args: &Args) -> Result<()> {
             ms,
             tflops: achieved,
             gbps,
-            of_compute_roof: achieved / compute_roof,
+            of_compute_roof: compute_roof.map(|roof| achieved / roof),
             of_copy: gbps / roofs.copy_gbps,
             tiles,
             default_ms: search.as_ref().and_then(Search::default_ms),
@@ -261,6 +276,7 @@ pub fn run(args: &Args) -> Result<()> {
         ceilings: roofs,
         rows,
         tile_table,
+        skipped,
     };
     if args.json {
         println!(
@@ -273,17 +289,7 @@ pub fn run(args: &Args) -> Result<()> {
         "adapter: {} ({}), {} operands, f32 accumulation; {}",
         report.adapter, report.backend, name, report.timing
     );
-    let c = &report.ceilings;
-    let coop = match (c.coop_tflops, c.coop_shared_tflops) {
-        (Some(t), Some(s)) => {
-            format!("{t:.1} TFLOP/s ({s:.1} loading fragments from workgroup memory)")
-        }
-        _ => "none".into(),
-    };
-    println!(
-        "roofs: copy {:.0} GB/s, f32 FMA {:.3} TFLOP/s, f16 cooperative matrices {coop}\n",
-        c.copy_gbps, c.fma_tflops
-    );
+    println!("{}\n", roofs_line(&report.ceilings));
     println!(
         "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9} {:>8} {:>6} {:>8} {:>6}",
         "M", "N", "K", "batch", "AB", "kernel", "ms", "TFLOP/s", "roof", "GB/s", "copy"
@@ -299,7 +305,7 @@ pub fn run(args: &Args) -> Result<()> {
             r.kernel,
             r.ms,
             r.tflops,
-            r.of_compute_roof * 100.0,
+            r.of_compute_roof.map_or(f64::NAN, |x| x * 100.0),
             r.gbps,
             r.of_copy * 100.0
         );
@@ -312,6 +318,10 @@ pub fn run(args: &Args) -> Result<()> {
     }
     if let Some(p) = &report.tile_table {
         println!("\ntile table written to {p} (the fastest tile of each product above)");
+    }
+    if !report.skipped.is_empty() {
+        println!();
+        print_skipped(&report.skipped);
     }
     Ok(())
 }

@@ -1,15 +1,18 @@
-//! `wgrad bench ops`: the adapter's measured roofs (device-to-device copy GB/s, f32 FMA and f16
-//! cooperative-matrix TFLOP/s), matmul GFLOP/s, elementwise and reduction GB/s, each against
-//! its roof, the CPU cost of recording a dispatch (a 1,000-op chain with one read-back, against
+//! `wgrad bench ops`: the adapter's measured roofs (device-to-device copy GB/s; in a `lab` build
+//! also f32 FMA and f16 cooperative-matrix TFLOP/s), matmul GFLOP/s, elementwise and reduction
+//! GB/s, each against its roof (sizes over the adapter's limits skipped, each named), the CPU
+//! cost of recording a dispatch (a 1,000-op chain with one read-back, against
 //! the same chain flushed after every op), and pool reuse over a repeated workload. Kernel
 //! times are GPU timestamps where the adapter has them. Prints tables, or `--json`.
 
 use std::time::Instant;
 
+use super::limits::{or_skip, print_skipped, roofs_line};
 use serde::Serialize;
 use wgrad::kernels::tuning::{natural_rows_aligned, ProductKey};
 use wgrad::ops::matmul_variant;
-use wgrad::profile::ceilings::{self, gpu_ms as time_ms, Ceilings};
+use wgrad::profile::ceilings::{self, Ceilings};
+use wgrad::profile::timed::gpu_ms as time_ms;
 use wgrad::{Device, Result, Tensor};
 
 #[derive(clap::Args)]
@@ -35,8 +38,8 @@ struct MatmulRow {
     tile: String,
     ms: f64,
     gflops: f64,
-    /// Share of the measured f32 FMA roof.
-    of_fma_roof: f64,
+    /// Share of the measured f32 FMA roof (a `lab` build's; else null).
+    of_fma_roof: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -85,9 +88,16 @@ struct Report {
     chain: ChainRow,
     eager_chain: ChainRow,
     pool: PoolRow,
+    /// Sizes over this adapter's limits, not run: what and which limit.
+    skipped: Vec<String>,
 }
 
-fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<MatmulRow>> {
+fn bench_matmul(
+    device: &Device,
+    args: &Args,
+    roofs: &Ceilings,
+    skipped: &mut Vec<String>,
+) -> Result<Vec<MatmulRow>> {
     // (m, n, k, batch, b transposed): square, a GPT-2 projection (B*T x C @ C x 4C), its
     // weight-gradient shape (A^T B, reads through strides), and attention-score batches.
     let shapes: &[(usize, usize, usize, usize, bool)] = if args.quick {
@@ -109,13 +119,22 @@ fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<Ma
     };
     let mut rows = Vec::new();
     for &(m, n, k, batch, bt) in shapes {
-        let a = Tensor::rand_uniform(device, &[batch, m, k], -1.0, 1.0, 1)?;
-        let b = if bt {
-            Tensor::rand_uniform(device, &[batch, n, k], -1.0, 1.0, 2)?.t()?
-        } else {
-            Tensor::rand_uniform(device, &[batch, k, n], -1.0, 1.0, 2)?
+        let timed = or_skip((|| {
+            let a = Tensor::rand_uniform(device, &[batch, m, k], -1.0, 1.0, 1)?;
+            let b = if bt {
+                Tensor::rand_uniform(device, &[batch, n, k], -1.0, 1.0, 2)?.t()?
+            } else {
+                Tensor::rand_uniform(device, &[batch, k, n], -1.0, 1.0, 2)?
+            };
+            time_ms(device, args.reps, || a.matmul(&b))
+        })())?;
+        let ms = match timed {
+            Ok(ms) => ms,
+            Err(limit) => {
+                skipped.push(format!("matmul {m}x{n}x{k} (batch {batch}): {limit}"));
+                continue;
+            }
         };
-        let ms = time_ms(device, args.reps, || a.matmul(&b))?;
         let key = ProductKey {
             m: m as u32,
             n: n as u32,
@@ -141,18 +160,46 @@ fn bench_matmul(device: &Device, args: &Args, roofs: &Ceilings) -> Result<Vec<Ma
             tile: matmul_variant(device, &key),
             ms,
             gflops,
-            of_fma_roof: gflops / 1e3 / roofs.fma_tflops,
+            of_fma_roof: roofs.fma_tflops.map(|roof| gflops / 1e3 / roof),
         });
     }
     Ok(rows)
 }
 
+/// Elementwise and reduction bandwidth over vectors of 4M elements and (unless quick) 64M
+/// (a size whose tensors exceed the adapter's storage-binding limit is skipped).
 fn bench_bandwidth(
     device: &Device,
     args: &Args,
     roofs: &Ceilings,
+    skipped: &mut Vec<String>,
 ) -> Result<(Vec<BandwidthRow>, Vec<BandwidthRow>)> {
-    let n = if args.quick { 1 << 20 } else { 1 << 26 };
+    let sizes: &[usize] = if args.quick {
+        &[1 << 20]
+    } else {
+        &[1 << 22, 1 << 26]
+    };
+    let (mut ew, mut red) = (Vec::new(), Vec::new());
+    for &n in sizes {
+        match or_skip(bandwidth_at(device, args, roofs, n))? {
+            Ok((e, r)) => {
+                ew.extend(e);
+                red.extend(r);
+            }
+            Err(limit) => skipped.push(format!(
+                "elementwise and reductions over {n} elements: {limit}"
+            )),
+        }
+    }
+    Ok((ew, red))
+}
+
+fn bandwidth_at(
+    device: &Device,
+    args: &Args,
+    roofs: &Ceilings,
+    n: usize,
+) -> Result<(Vec<BandwidthRow>, Vec<BandwidthRow>)> {
     let x = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 3)?;
     let y = Tensor::rand_uniform(device, &[n], -1.0, 1.0, 4)?;
     let gbps = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
@@ -262,8 +309,9 @@ pub fn run(args: &Args) -> Result<()> {
     let info = device.report();
     device.warmup();
     let roofs = ceilings::measure(&device, args.quick)?;
-    let matmul = bench_matmul(&device, args, &roofs)?;
-    let (elementwise, reduction) = bench_bandwidth(&device, args, &roofs)?;
+    let mut skipped = Vec::new();
+    let matmul = bench_matmul(&device, args, &roofs, &mut skipped)?;
+    let (elementwise, reduction) = bench_bandwidth(&device, args, &roofs, &mut skipped)?;
     let chain = bench_chain(&device, 1000, false)?;
     let eager_chain = bench_chain(&device, 1000, true)?;
     let pool = bench_pool(&device, 5)?;
@@ -277,6 +325,7 @@ pub fn run(args: &Args) -> Result<()> {
         chain,
         eager_chain,
         pool,
+        skipped,
     };
     if args.json {
         println!(
@@ -291,17 +340,7 @@ pub fn run(args: &Args) -> Result<()> {
 
 fn print_tables(r: &Report) {
     println!("adapter: {} ({})\n", r.adapter, r.backend);
-    let c = &r.ceilings;
-    let coop = match (c.coop_tflops, c.coop_shared_tflops) {
-        (Some(t), Some(s)) => {
-            format!("{t:.1} TFLOP/s ({s:.1} loading fragments from workgroup memory)")
-        }
-        _ => "none".into(),
-    };
-    println!(
-        "roofs: copy {:.0} GB/s (read + written), f32 FMA {:.3} TFLOP/s, f16 cooperative matrices {coop}\n",
-        c.copy_gbps, c.fma_tflops
-    );
+    println!("{}\n", roofs_line(&r.ceilings));
     println!(
         "{:>6} {:>6} {:>6} {:>5} {:>4} {:>20} {:>10} {:>10} {:>7}",
         "M", "N", "K", "batch", "B^T", "tile", "ms", "GFLOP/s", "of FMA"
@@ -317,7 +356,7 @@ fn print_tables(r: &Report) {
             m.tile,
             m.ms,
             m.gflops,
-            m.of_fma_roof * 100.0
+            m.of_fma_roof.map_or(f64::NAN, |r| r * 100.0)
         );
     }
     println!(
@@ -354,4 +393,8 @@ fn print_tables(r: &Report) {
         p.peak_bytes_live,
         p.bind_groups_created_after_first
     );
+    if !r.skipped.is_empty() {
+        println!();
+        print_skipped(&r.skipped);
+    }
 }

@@ -1,14 +1,35 @@
-//! `wgrad info`: what the adapter is and can do.
+//! `wgrad info`: what the adapter is and can do, the tile table it runs with, and the options
+//! in force (each with the variable that sets it, marked where the environment set it).
 
+use serde::Serialize;
+use wgrad::config::OptionRow;
+use wgrad::device::AdapterReport;
 use wgrad::Device;
+
+/// `wgrad info --json`: the adapter's report (its keys at the top level, as before), the tile
+/// table and the options.
+#[derive(Serialize)]
+struct Info {
+    #[serde(flatten)]
+    adapter: AdapterReport,
+    tile_table: String,
+    options: Vec<OptionRow>,
+}
 
 pub fn run(json: bool) -> wgrad::Result<()> {
     let device = Device::new()?;
     let r = device.report();
+    let tile_table = device.tile_source().to_string();
+    let options = device.option_rows();
     if json {
+        let info = Info {
+            adapter: r,
+            tile_table,
+            options,
+        };
         println!(
             "{}",
-            serde_json::to_string_pretty(&r).expect("the report serializes")
+            serde_json::to_string_pretty(&info).expect("the report serializes")
         );
         return Ok(());
     }
@@ -65,6 +86,17 @@ pub fn run(json: bool) -> wgrad::Result<()> {
         for c in &r.cooperative_matrix {
             println!("  {}x{}x{}  {} -> {}", c.m, c.n, c.k, c.ab, c.cr);
         }
+    }
+    println!("tile table  {tile_table}");
+    println!("options (variable; * where the environment sets it)");
+    let mut group = "";
+    for o in &options {
+        if o.group != group {
+            group = o.group;
+            println!("  {group}");
+        }
+        let mark = if o.from_env { "*" } else { " " };
+        println!("    {:<28} {:<40} {mark}{}", o.name, o.value, o.variable);
     }
     Ok(())
 }

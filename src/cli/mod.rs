@@ -6,6 +6,7 @@ mod bench_step;
 mod eval;
 mod generate;
 mod info;
+mod limits;
 mod profile;
 mod setup;
 mod train;

@@ -20,7 +20,8 @@ use super::segment::{Barriers, Use};
 /// How far past a waiting dispatch `order` looks for dispatches to move before it. A linear's
 /// backward records dX's product three commands after the sum of dW's ranges (the bias
 /// gradient's two stages between them). 4 ran the 8 x 512 --amp step as fast as 16 or 64 on an
-/// H100 (PROFILING.md), and costs the host a quarter of 16's look-ups.
+/// H100 (PROFILING.md), and costs the host a quarter of 16's look-ups. A `lab` build's
+/// `WGRAD_SCHEDULE` sets it (`recorded`: 0, the recorded order).
 pub const WINDOW: usize = 4;
 
 /// One command's buffers as the scheduler sees them.
@@ -46,17 +47,6 @@ impl Uses {
                 .any(|(id2, w2)| id == id2 && (*w || *w2))
         })
     }
-}
-
-/// How far `order` looks ahead: `WINDOW`, or as `WGRAD_SCHEDULE` says (measurement switches:
-/// `recorded` keeps the recorded order, a number sets the window).
-pub fn window() -> usize {
-    static WINDOW_SET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *WINDOW_SET.get_or_init(|| match std::env::var("WGRAD_SCHEDULE").as_deref() {
-        Ok("recorded") => 0,
-        Ok(v) => v.parse().unwrap_or(WINDOW),
-        Err(_) => WINDOW,
-    })
 }
 
 /// The order to encode commands in (indices into `uses`), moving dispatches ahead of one that

@@ -296,6 +296,8 @@ pub struct EncodeTargets<'a> {
     pub barriers: &'a mut Barriers,
     /// Each command's buffers for the schedule (kept between flushes for their room).
     pub uses: &'a mut Vec<Uses>,
+    /// How far the schedule looks ahead (`schedule::WINDOW`; 0: the recorded order).
+    pub window: usize,
 }
 
 /// Encodes every command of `segment` in order into one command buffer.
@@ -315,7 +317,7 @@ pub fn encode(segment: &Segment, mut t: EncodeTargets<'_>) -> wgpu::CommandBuffe
         fill_uses(cmd, u);
     }
     let uses = &t.uses[..n];
-    let (order, moved) = schedule::order(uses, schedule::window());
+    let (order, moved) = schedule::order(uses, t.window);
     t.counters.moved += moved;
     let cmds: Vec<(&Command, &Uses)> = order
         .into_iter()

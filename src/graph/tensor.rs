@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use super::device::{Device, Storage};
 use super::layout::Layout;
-use super::runtime::{Device, Storage};
 use crate::error::{Error, Result};
 
 pub use crate::kernels::DType;

@@ -4,10 +4,8 @@
 //!
 //! Tiles are chosen per pass and padded head dim (`Tile`, `tile`): 128 lanes each, at most
 //! 32 KiB of workgroup memory (lavapipe's and Apple's limit; NVIDIA has 48 KiB).
-//! `candidate_tiles` lists others to measure, `WGRAD_ATTN_F32_TILE` or `force_tiles` runs them
-//! (`chosen_tile`).
-
-use std::sync::Mutex;
+//! `candidate_tiles` lists others to measure, `Device::force_attention_tiles` (or a `lab`
+//! build's `WGRAD_ATTN_F32_TILE`) runs them (`chosen_tile`).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -258,49 +256,23 @@ pub fn candidate_tiles(pass: Pass, dmax: u32) -> Vec<Tile> {
     std::iter::once(tile(pass, dmax)).chain(parsed).collect()
 }
 
-/// The tile `pass` runs with at padded head dim `dmax` on an adapter with these limits: a
-/// forced one (`force_tiles`, `WGRAD_ATTN_F32_TILE`) where the kernel runs it and it fits,
-/// else `tile`'s.
-pub fn chosen_tile(pass: Pass, dmax: u32, max_workgroup_bytes: u32, max_lanes: u32) -> Tile {
-    forced(pass, dmax)
+/// The tile `pass` runs with at padded head dim `dmax` on an adapter with these limits: the
+/// one `forced` holds for them (`Device::force_attention_tiles`, a `lab` build's
+/// `WGRAD_ATTN_F32_TILE`) where the kernel runs it and it fits, else `tile`'s.
+pub fn chosen_tile(
+    pass: Pass,
+    dmax: u32,
+    (max_workgroup_bytes, max_lanes): (u32, u32),
+    forced: &[(Pass, Tile)],
+) -> Tile {
+    forced
+        .iter()
+        .find(|(p, t)| *p == pass && t.dmax == dmax)
+        .map(|&(_, t)| t)
         .filter(|t| {
             t.runs(pass) && t.workgroup_bytes(pass) <= max_workgroup_bytes && t.lanes() <= max_lanes
         })
         .unwrap_or_else(|| tile(pass, dmax))
-}
-
-/// Forced tiles, by pass and padded head dim; `None` until first read (then from
-/// `WGRAD_ATTN_F32_TILE`) or set (`force_tiles`).
-static FORCED: Mutex<Option<Vec<(Pass, Tile)>>> = Mutex::new(None);
-
-fn forced(pass: Pass, dmax: u32) -> Option<Tile> {
-    let mut forced = FORCED.lock().unwrap_or_else(|e| e.into_inner());
-    let tiles = forced.get_or_insert_with(env_tiles);
-    let found = tiles.iter().find(|(p, t)| *p == pass && t.dmax == dmax);
-    found.map(|&(_, t)| t)
-}
-
-/// A measurement and test switch: from now on (in this process) `tiles` replace `tile`'s for
-/// their pass at their padded head dim, where `chosen_tile` accepts them; `&[]` restores the
-/// defaults. Replaces what `WGRAD_ATTN_F32_TILE` set. Pipelines are specialized per tile, so
-/// switching costs a compile of each new one, nothing else.
-pub fn force_tiles(tiles: &[(Pass, Tile)]) {
-    *FORCED.lock().unwrap_or_else(|e| e.into_inner()) = Some(tiles.to_vec());
-}
-
-/// `WGRAD_ATTN_F32_TILE=fwd=32x32/16x8,dq=16x16/16x8,dkv=16x32/8x16` (a measurement switch,
-/// read by `parse_forced_tiles`). An entry it cannot read is said so on stderr: a sweep would
-/// otherwise time the default unawares.
-fn env_tiles() -> Vec<(Pass, Tile)> {
-    const VAR: &str = "WGRAD_ATTN_F32_TILE";
-    let Ok(s) = std::env::var(VAR) else {
-        return Vec::new();
-    };
-    let (tiles, unread) = parse_forced_tiles(&s);
-    for entry in unread {
-        eprintln!("{VAR}: ignoring {entry:?} (expected fwd|dq|dkv=BRxBC/ROWLxCOLL)");
-    }
-    tiles
 }
 
 /// `PASS=BRxBC/ROWLxCOLL` entries split by commas, as tiles to force: each named pass's at

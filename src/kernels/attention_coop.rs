@@ -150,12 +150,23 @@ impl Tile {
 /// The tile of `pass` at padded head dim `dmax` on `coop`: the first of the candidates (most
 /// rows per workgroup first) that fits `max_workgroup_bytes`.
 pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Option<Tile> {
+    tile_or(pass, dmax, coop, max_workgroup_bytes, None)
+}
+
+/// `tile`, trying `forced` (subgroups, block rows: a `lab` build's `WGRAD_ATTN_TILE`) first.
+pub fn tile_or(
+    pass: Pass,
+    dmax: u32,
+    coop: Coop,
+    max_workgroup_bytes: u32,
+    forced: Option<(u32, u32)>,
+) -> Option<Tile> {
     // Every pass keeps its outputs in accumulators, so 4 x 16 takes 18-21 KiB at D = 64 (the
     // backward 27 KiB at D = 128) and two workgroups share a core (NVIDIA's Vulkan driver gives a core about 48 KiB of workgroup
     // memory; PROFILING.md). DistilGPT-2 at 4 x 128 on an H200, 2026-11-24: 2 x 16 ran the
     // forward in 32 us against 36 (4 x 16) but dQ in 42 against 36, 1 x 16 slower still.
     let candidates: &[(u32, u32)] = &[(4, 16), (2, 16), (1, 16)];
-    forced_tile(pass)
+    forced
         .into_iter()
         .chain(candidates.iter().copied())
         .map(|(sg, bc)| Tile { sg, bc, dmax })
@@ -167,88 +178,31 @@ pub fn tile(pass: Pass, dmax: u32, coop: Coop, max_workgroup_bytes: u32) -> Opti
         })
 }
 
-/// `WGRAD_ATTN_TILE=SGxBC` (e.g. `4x32`) tries that blocking first for every pass, where it
-/// fits; `fwd=SGxBC` or `bwd=SGxBC` (comma-separated, beside a bare one or not) for the forward
-/// or the backward alone (a measurement switch). An entry that does not parse is reported on
-/// stderr and left out.
-fn forced_tile(pass: Pass) -> Option<(u32, u32)> {
-    static FORCED: std::sync::OnceLock<[Option<(u32, u32)>; 2]> = std::sync::OnceLock::new();
-    let forced = FORCED.get_or_init(|| {
-        let Ok(s) = std::env::var("WGRAD_ATTN_TILE") else {
-            return [None; 2];
-        };
-        let tile = |t: &str| {
-            let (sg, bc) = t.split_once('x')?;
-            Some((sg.parse().ok()?, bc.parse().ok()?))
-        };
-        let (mut both, mut fwd, mut bwd) = (None, None, None);
-        for part in s.split(',').map(str::trim) {
-            let (slot, t) = match part.split_once('=') {
-                Some(("fwd", t)) => (&mut fwd, t),
-                Some(("bwd", t)) => (&mut bwd, t),
-                None => (&mut both, part),
-                Some(_) => {
-                    eprintln!("WGRAD_ATTN_TILE: `{part}` is not SGxBC, fwd=SGxBC or bwd=SGxBC");
-                    continue;
-                }
-            };
-            match tile(t) {
-                Some(v) => *slot = Some(v),
-                None => eprintln!("WGRAD_ATTN_TILE: `{part}`: not SGxBC (e.g. 4x16)"),
-            }
-        }
-        [fwd.or(both), bwd.or(both)]
-    });
-    forced[(pass != Pass::Forward) as usize]
-}
-
 /// Whether a block's loads are issued while the block before it works (into registers held
 /// across that block's work), rather than just before the block is stored into the tiles.
-/// `WGRAD_ATTN_PREFETCH=0` or `=1` (a measurement switch) sets it. Unlike the matmul's f16
-/// products, attention keeps the prefetch: on an H100 (2026-11-26) without it the 8 x 512 --amp
-/// forward took 133 us a block against 108, the backward 226 against 211, the step 20.93 ms
-/// against 20.68.
-fn prefetches() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| on_off("WGRAD_ATTN_PREFETCH", PREFETCH))
-}
-
-/// A measurement switch `var`: `0` off, `1` on, else `default`.
-fn on_off(var: &str, default: bool) -> bool {
-    match std::env::var(var).as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => default,
-    }
-}
-
-/// The default of `prefetches`.
+/// Unlike the matmul's f16 products, attention keeps the prefetch: on an H100 (2026-11-26)
+/// without it the 8 x 512 --amp forward took 133 us a block against 108, the backward 226
+/// against 211, the step 20.93 ms against 20.68 (docs/decisions.md).
 const PREFETCH: bool = true;
 
 /// The SYNC snippet: a subgroup waits for its own lanes, where it reads what they wrote of
 /// its own rows (scores, P, dS).
 const SYNC_SUBGROUP: &str = "fn own_sync() {\n    subgroupBarrier();\n}\n";
-/// The SYNC snippet that waits for the whole workgroup (`WGRAD_ATTN_SYNC=workgroup`).
+/// The SYNC snippet that waits for the whole workgroup (`workgroup_sync`).
 const SYNC_WORKGROUP: &str = "fn own_sync() {\n    workgroupBarrier();\n}\n";
 
-/// Whether `own_sync` waits for the subgroup alone. `WGRAD_ATTN_SYNC=workgroup` (a measurement
-/// switch) waits for the workgroup.
-fn subgroup_sync() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("WGRAD_ATTN_SYNC").as_deref() != Ok("workgroup"))
+/// `spec` with its subgroups waiting for the whole workgroup where they read what their own
+/// lanes wrote (`AttentionSync::Workgroup`: for a driver whose subgroup barrier does not order
+/// workgroup memory; NVIDIA's does).
+pub fn workgroup_sync(spec: Spec) -> Spec {
+    spec.with_source("SYNC", SYNC_WORKGROUP)
 }
 
 /// Whether a workgroup whose rows are all inside T (D = DMAX, the views on 16-byte boundaries)
-/// stores its output accumulators straight to the outputs (`coopStoreT` into the binding, and
-/// loads them so where it accumulates) rather than a fragment at a time through the subgroup's
-/// scratch rows, as on the edge of T. `WGRAD_ATTN_DIRECT=0` or `=1` (a measurement switch)
-/// sets it.
-fn direct_out() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| on_off("WGRAD_ATTN_DIRECT", DIRECT_OUT))
-}
-
-/// The default of `direct_out`.
+/// stores its f32 output accumulators straight to the outputs (`coopStoreT` into the binding,
+/// and loads them so where it accumulates) rather than a fragment at a time through the
+/// subgroup's scratch rows, as on the edge of T: measured faster on an H100
+/// (docs/decisions.md).
 const DIRECT_OUT: bool = true;
 
 /// The forward's variant, or (`Pass::Dq` or `Pass::Dkv`) the backward kernel's: `acc_a`
@@ -277,59 +231,35 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool, io: Io) -
         .bool("ACC_DQ", dq)
         .bool("ACC_DK", dk)
         .bool("ACC_DV", dv)
-        .bool("PREFETCH", prefetches())
-        .bool("DIRECT_OUT", direct_out() && out32)
+        .bool("PREFETCH", PREFETCH)
+        .bool("DIRECT_OUT", DIRECT_OUT && out32)
         .bool("OUT_F32", out32)
         .ty("OA", out_a)
         .ty("OB", out_b)
-        .source("READ", read_source(io.input, grad, read_words()))
+        .source("READ", read_source(io.input, grad))
         .source("OWN", own_source(t.dmax / coop.fs, coop.fs, out32))
-        .source(
-            "SYNC",
-            if subgroup_sync() {
-                SYNC_SUBGROUP
-            } else {
-                SYNC_WORKGROUP
-            },
-        )
+        .source("SYNC", SYNC_SUBGROUP)
 }
-
-/// Whether f16 inputs are bound as u32 words (two halves each, unpacked with
-/// `unpack2x16float`) rather than as f16 vectors: `WGRAD_ATTN_READ=words|halves` (a
-/// measurement switch).
-fn read_words() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| match std::env::var("WGRAD_ATTN_READ").as_deref() {
-        Ok("words") => true,
-        Ok("halves") => false,
-        _ => READ_WORDS,
-    })
-}
-
-/// The default of `read_words`: on an H100 (DistilGPT-2 8 x 512 --amp, 2026-11-27, one
-/// machine) the backward read f16 inputs in 213.5 us a dispatch as words against 231.6 as f16
-/// vectors, the forward in 88.3 against 94.9 (with f32 inputs, on another machine that hour:
-/// 204.0 and 89.1); the driver gave both the same registers (177 and 112 a lane).
-const READ_WORDS: bool = true;
 
 /// The READ snippet: the binding types of q, k, v (QV) and dO (GV), 4 elements an entry
-/// (`vec4<f32>`; f16 as `vec4<f16>`, or with `words` as `vec2<u32>`), `qf` / `gf` making an
-/// entry an f32 vector, and NX1, the registers holding the next block's v or dO: an entry as
-/// bound where both are bound alike, else an f32 vector (`q_nx1`, `g_nx1` to it, `nx1f` from
-/// it). Generated once per type set and kept for the process.
-fn read_source(input: DType, grad: DType, words: bool) -> &'static str {
+/// (`vec4<f32>`; f16 as `vec2<u32>`, u32 words of two halves: on an H100, DistilGPT-2 8 x 512
+/// --amp, 2026-11-27, the backward read them in 213.5 us a dispatch against 231.6 as f16
+/// vectors, the forward in 88.3 against 94.9; docs/decisions.md), `qf` / `gf` making an entry
+/// an f32 vector, and NX1, the registers holding the next block's v or dO: an entry as bound
+/// where both are bound alike, else an f32 vector (`q_nx1`, `g_nx1` to it, `nx1f` from it).
+/// Generated once per type set and kept for the process.
+fn read_source(input: DType, grad: DType) -> &'static str {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
-    type Key = (bool, bool, bool);
+    type Key = (bool, bool);
     static CACHE: Mutex<BTreeMap<Key, &'static str>> = Mutex::new(BTreeMap::new());
-    let key = (input == DType::F16, grad == DType::F16, words);
+    let key = (input == DType::F16, grad == DType::F16);
     let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
     cache.entry(key).or_insert_with(|| {
         // (binding type, its entry as an f32 vector of `x`)
-        let bound = |half: bool| match (half, words) {
-            (false, _) => ("vec4<f32>", "x"),
-            (true, false) => ("vec4<f16>", "vec4<f32>(x)"),
-            (true, true) => (
+        let bound = |half: bool| match half {
+            false => ("vec4<f32>", "x"),
+            true => (
                 "vec2<u32>",
                 "vec4<f32>(unpack2x16float(x.x), unpack2x16float(x.y))",
             ),
@@ -564,7 +494,7 @@ impl Io {
         use DType::{F16, F32};
         let io = |input, grad, out| Io { input, grad, out };
         match pass {
-            // (f16 inputs with an f32 O: `WGRAD_ATTN_HALF=in`.)
+            // f16 inputs with an f32 O: f16 inputs where the precision keeps O f32.
             Pass::Forward => vec![Io::F32, io(F16, F16, F16), io(F16, F16, F32)],
             Pass::Dq | Pass::Dkv => vec![
                 Io::F32,

@@ -27,15 +27,10 @@ pub struct Compiler {
 }
 
 impl Compiler {
-    /// `threads` workers if given, else as `WGRAD_COMPILE_THREADS` says, else one per core;
-    /// at most `MAX_THREADS`.
+    /// `threads` workers if given (`Execution::compile_threads`), else one per core; at most
+    /// `MAX_THREADS`.
     pub fn with_threads(threads: Option<usize>) -> Compiler {
         let threads = threads
-            .or_else(|| {
-                std::env::var("WGRAD_COMPILE_THREADS")
-                    .ok()
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-            })
             .unwrap_or_else(|| {
                 std::thread::available_parallelism()
                     .map(|n| n.get())

@@ -1,7 +1,6 @@
 //! Launcher of `wgsl/layernorm.wgsl`: LayerNorm over the last dim, forward (saving mean and
 //! rstd; y in f32 or f16) and backward: dx with each chunk of rows' partial dgamma and dbeta,
-//! then both parameter gradients from the partials, in a second dispatch or, where asked for
-//! (`Device::layernorm_sums_in_one_dispatch`, `WGRAD_LN_SUM=one`), in the same one.
+//! then both parameter gradients from the partials, in a second dispatch.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -36,10 +35,8 @@ pub struct LayerNormParams {
     pub dgamma_stride: u32,
     pub dbeta_offset: u32,
     pub dbeta_stride: u32,
-    /// `layernorm_backward_params`: chunks a group (the last group may have fewer), and the
-    /// groups.
-    pub group_chunks: u32,
-    pub n_groups: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
 }
 
 const PARAMS: u64 = std::mem::size_of::<LayerNormParams>() as u64;
@@ -81,29 +78,6 @@ pub static LAYERNORM_BACKWARD_SUM: KernelDesc = KernelDesc {
     name: "layernorm_backward_sum",
     family: &FAMILY,
     storage: &[Access::ReadWrite, Access::ReadWrite, Access::Read],
-    params_size: PARAMS,
-};
-
-/// dx (rows, C), x (rows, C), dy (rows, C), mean (rows), rstd (rows), gamma (C),
-/// partial (2, n_chunks, C) then (2, n_groups, C) (f32 bits), dgamma (C, any stride),
-/// dbeta (C, any stride), tickets (u32, n_groups + 1 of them; 0 between dispatches): the
-/// backward with dgamma and dbeta summed in its own dispatch. Its own entry point, so that a
-/// backward without the parameters binds no tickets.
-pub static LAYERNORM_BACKWARD_PARAMS: KernelDesc = KernelDesc {
-    name: "layernorm_backward_params",
-    family: &FAMILY,
-    storage: &[
-        Access::ReadWrite,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::Read,
-        Access::ReadWrite,
-        Access::ReadWrite,
-        Access::ReadWrite,
-        Access::ReadWrite,
-    ],
     params_size: PARAMS,
 };
 
@@ -158,12 +132,6 @@ pub fn backward_spec(dy: DType, dx: Option<bool>, params: bool) -> Spec {
     spec(DType::F32, dy, dx, params, Write::None, Write::None)
 }
 
-/// The backward with the parameter sums in its dispatch (`LAYERNORM_BACKWARD_PARAMS`): dy
-/// read as `dy`, dx as in `backward_spec`, dgamma written per `g` and dbeta per `b`.
-pub fn params_spec(dy: DType, dx: Option<bool>, g: Write, b: Write) -> Spec {
-    spec(DType::F32, dy, dx, true, g, b)
-}
-
 /// Stage 2 writing dgamma per `g` and dbeta per `b`.
 pub fn sum_spec(g: Write, b: Write) -> Spec {
     spec(DType::F32, DType::F32, None, false, g, b)
@@ -197,11 +165,6 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     }
     for (g, b) in param_modes() {
         v.push((&LAYERNORM_BACKWARD_SUM, sum_spec(g, b)));
-        for &t in types {
-            for dx in [None, Some(false), Some(true)] {
-                v.push((&LAYERNORM_BACKWARD_PARAMS, params_spec(t, dx, g, b)));
-            }
-        }
     }
     v
 }

@@ -211,29 +211,11 @@ pub const SPLIT_MIN_K: usize = 256;
 /// Ranges at most.
 pub const SPLIT_MAX: usize = 16;
 
-/// The most ranges of K a product splits into, measured or not: `WGRAD_SPLIT_MAX=N` (a
-/// measurement switch, to time a step's products split less than the search chose in
-/// isolation; 1: none split); unbounded by default.
-pub fn split_cap() -> usize {
-    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CAP.get_or_init(|| env_usize("WGRAD_SPLIT_MAX", usize::MAX).max(1))
-}
-
-/// The number environment variable `name` holds (a measurement switch), else `default`.
-pub(crate) fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// The ranges to split K into for a product of `tiles` workgroups (a plain or bias product:
-/// the bias is added by the split sum): a power of two that brings
-/// the workgroups to `SPLIT_TARGET_GROUPS` (`WGRAD_SPLIT_TARGET` overrides it, a measurement
-/// switch), each range at least `SPLIT_MIN_K` long; 1 for none.
-pub fn split_k(tiles: usize, k: usize) -> usize {
-    static TARGET: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let target = *TARGET.get_or_init(|| env_usize("WGRAD_SPLIT_TARGET", SPLIT_TARGET_GROUPS));
+/// the bias is added by the split sum): a power of two that brings the workgroups to `target`
+/// (`SPLIT_TARGET_GROUPS` but in a `lab` build's sweep), each range at least `SPLIT_MIN_K`
+/// long; 1 for none.
+pub fn split_k(tiles: usize, k: usize, target: usize) -> usize {
     let want = target / tiles.max(1);
     let most = (k / SPLIT_MIN_K).min(SPLIT_MAX).min(want);
     if most < 2 {
@@ -372,9 +354,6 @@ pub const TILES: [Tile; 4] = [
 /// The tile for an (M, N) output of `batch` matrices: the largest one that still gives the
 /// GPU enough workgroups (at least 64) to spread over its cores.
 pub fn choose_tile(m: usize, n: usize, batch: usize) -> Tile {
-    if let Some(t) = forced_tile() {
-        return t;
-    }
     let groups = |t: &Tile| m.div_ceil(t.bm as usize) * n.div_ceil(t.bn as usize) * batch;
     for t in &TILES[..TILES.len() - 1] {
         if groups(t) >= 64 && m >= t.bm as usize / 2 && n >= t.bn as usize / 2 {
@@ -382,13 +361,6 @@ pub fn choose_tile(m: usize, n: usize, batch: usize) -> Tile {
         }
     }
     TILES[TILES.len() - 1]
-}
-
-/// A tile forced by `WGRAD_MATMUL_TILE` (a name as `Tile::name` prints it, e.g. `64x64x16/4x4`),
-/// for measuring tiles against each other.
-fn forced_tile() -> Option<Tile> {
-    static FORCED: std::sync::OnceLock<Option<Tile>> = std::sync::OnceLock::new();
-    *FORCED.get_or_init(|| Tile::parse(&std::env::var("WGRAD_MATMUL_TILE").ok()?))
 }
 
 /// The element types of a product: A, B and C as stored, and whether the operands are

@@ -26,6 +26,7 @@ pub mod layernorm;
 pub mod loss_scale;
 pub mod matmul;
 pub mod matmul_coop;
+#[cfg(feature = "lab")]
 pub mod peak;
 pub mod random;
 pub mod reduce;
@@ -327,11 +328,17 @@ pub struct PipelineCache {
 }
 
 impl PipelineCache {
-    /// `compile_threads`: see `DeviceOptions::compile_threads`.
-    pub fn new(subgroups: bool, max_groups: u32, compile_threads: Option<usize>) -> PipelineCache {
+    /// `compile_threads`: `Execution::compile_threads`; `checked`: naga's bounds checks in
+    /// every kernel (`KernelPolicy::shader_checks`).
+    pub fn new(
+        subgroups: bool,
+        max_groups: u32,
+        compile_threads: Option<usize>,
+        checked: bool,
+    ) -> PipelineCache {
         PipelineCache {
             subgroups,
-            checked: std::env::var("WGRAD_SHADER_CHECKS").is_ok_and(|v| v == "1"),
+            checked,
             max_groups,
             pipelines: HashMap::default(),
             layouts: HashMap::default(),
@@ -544,6 +551,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(layernorm::variants(f16));
     v.extend(cross_entropy::variants(f16));
     v.extend(attention::variants());
+    #[cfg(feature = "lab")]
     v.extend(peak::variants());
     v.push((&absmax::ABSMAX, absmax::spec()));
     v

@@ -17,6 +17,7 @@
 //! dX) then run side by side, and the buffers made are made once, as every step asks in the
 //! same order.
 
+use crate::config::{PoolPolicy, PoolReuse};
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -69,18 +70,14 @@ impl Reuse {
     /// step, so the pool keeps a Segment's given-back buffers for the next one.
     pub const REPEATING: Reuse = Reuse::AcrossSegments { budget: None };
 
-    /// `default`, unless `WGRAD_POOL_REUSE` says `any` or `segments`; `WGRAD_POOL_BUDGET_MIB`
-    /// sets the budget of `AcrossSegments` (in MiB) instead of the one that follows the bytes
-    /// live.
-    pub fn from_env(default: Reuse) -> Reuse {
-        let budget = std::env::var("WGRAD_POOL_BUDGET_MIB")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(|mib| mib << 20);
-        let reuse = match std::env::var("WGRAD_POOL_REUSE").as_deref() {
-            Ok("any") => Reuse::Any,
-            Ok("segments") => Reuse::REPEATING,
-            _ => default,
+    /// `default` (the workload's), unless `policy` says `Any` or `AcrossSegments`; the policy's
+    /// budget replaces the one that follows the bytes live.
+    pub fn resolve(policy: &PoolPolicy, default: Reuse) -> Reuse {
+        let budget = policy.budget;
+        let reuse = match policy.reuse {
+            Some(PoolReuse::Any) => Reuse::Any,
+            Some(PoolReuse::AcrossSegments) => Reuse::REPEATING,
+            None => default,
         };
         match reuse {
             Reuse::AcrossSegments { budget: b } => Reuse::AcrossSegments {

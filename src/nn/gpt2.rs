@@ -8,6 +8,7 @@
 //! gathers from every shard (`index_select_shards`) and the tied head multiplies by each
 //! shard into its columns of the logits (`matmul_t_shards`). One shard runs today's kernels.
 
+use crate::config::Float;
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Tensor};
 use crate::nn::{Gpt2Config, Parameters};
@@ -19,13 +20,13 @@ use crate::ops::{linear_casts_input, Activation};
 const LOGIT_ROW_ALIGN: usize = 64;
 
 /// The training loss's logits under mixed precision where the LM head is one product: f16,
-/// as PyTorch's autocast makes them (bf16 there; cross-entropy then sums in f32, as here). Half
-/// the bytes the LM head stores and cross-entropy's two passes read. `WGRAD_LOGITS=f32` keeps
-/// them f32 (to measure).
-fn logits_dtype() -> DType {
-    match std::env::var("WGRAD_LOGITS").as_deref() {
-        Ok("f32") => DType::F32,
-        _ => DType::F16,
+/// as PyTorch's autocast makes them (bf16 there; cross-entropy then sums in f32, as here), on
+/// `device`, unless its `Precision::logits` keeps them f32. Half the bytes the LM head stores
+/// and cross-entropy's two passes read.
+fn logits_dtype(device: &Device) -> DType {
+    match device.options().precision.logits {
+        Float::F16 => DType::F16,
+        Float::F32 => DType::F32,
     }
 }
 
@@ -351,7 +352,7 @@ impl Gpt2 {
         };
         // The logits themselves f16 there too (`logits_dtype`).
         let logits_dtype = if self.amp && single {
-            logits_dtype()
+            logits_dtype(hidden.device())
         } else {
             DType::F32
         };

@@ -15,12 +15,13 @@
 //! GPT-2 under mixed precision stores its qkv projection f16 for them (`stores_half`).
 
 use crate::autograd::{record, Backward, BackwardCtx};
+use crate::config::{AttentionSync, Float};
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Layout, Storage, Tensor};
 use crate::kernels::attention::{self, AttentionParams, Pass, MAX_HEAD_DIM};
-use crate::kernels::attention_coop;
 use crate::kernels::attention_coop::Io;
 use crate::kernels::matmul_coop::Coop;
+use crate::kernels::{attention_coop, Spec};
 use crate::ops::autocast_enabled;
 use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
@@ -29,30 +30,38 @@ const OP: &str = "causal_attention";
 
 /// Whether a model under autocast on `device` should store its qkv projection f16 for the
 /// attention: the adapter has cooperative matrices (whose kernels read f16 inputs and write an
-/// f16 O) and `half_mode` is not `Off`.
+/// f16 O) and the precision says f16 (`Precision::attention`).
 pub fn stores_half(device: &Device) -> bool {
-    half_mode() != HalfMode::Off && Coop::available(device.gpu()).is_some()
+    half_io(device) && Coop::available(device.gpu()).is_some()
 }
 
-/// What of the attention is f16 (`WGRAD_ATTN_HALF`, a measurement switch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum HalfMode {
-    /// `=0`: q, k, v, O and their gradients f32.
-    Off,
-    /// `=in`: q, k, v f16 (the model's qkv projection), O and the gradients f32.
-    Inputs,
-    /// The default: O f16 with f16 inputs, dO and the qkv gradient f16 where their producers
-    /// read f16 gradients (`Backward::takes_half_grad`) and each is the one contribution.
-    All,
+/// Whether the attention's O takes f16 inputs' type, and its gradients may be f16, on
+/// `device` (`Precision::attention`; f32 keeps them f32).
+fn half_io(device: &Device) -> bool {
+    device.options().precision.attention == Float::F16
 }
 
-fn half_mode() -> HalfMode {
-    static MODE: std::sync::OnceLock<HalfMode> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("WGRAD_ATTN_HALF").as_deref() {
-        Ok("0") => HalfMode::Off,
-        Ok("in") => HalfMode::Inputs,
-        _ => HalfMode::All,
-    })
+/// The cooperative-matrix attention's tile of `pass` on `device` (a `lab` build's forced
+/// blocking first, `WGRAD_ATTN_TILE`).
+fn coop_tile(device: &Device, pass: Pass, dmax: u32, coop: Coop) -> Option<attention_coop::Tile> {
+    let limit = device.gpu().limits.max_compute_workgroup_storage_size;
+    let forced = device.options().lab.attention_tile(pass);
+    attention_coop::tile_or(pass, dmax, coop, limit, forced)
+}
+
+/// The cooperative-matrix attention's specialization on `device` (its `AttentionSync`).
+fn coop_spec(
+    device: &Device,
+    pass: Pass,
+    (t, coop): (attention_coop::Tile, Coop),
+    (acc_a, acc_b): (bool, bool),
+    io: Io,
+) -> Spec {
+    let spec = attention_coop::spec(pass, t, coop, acc_a, acc_b, io);
+    match device.options().kernels.attention_sync {
+        AttentionSync::Subgroup => spec,
+        AttentionSync::Workgroup => attention_coop::workgroup_sync(spec),
+    }
 }
 
 /// Saved by the forward: its (unit-D-stride) inputs, its output and the row statistics.
@@ -226,7 +235,7 @@ impl CausalAttentionBackward {
         // gradient to f16 as they load it anyway).
         let dtype = if self.coop.is_some()
             && self.q.dtype() == DType::F16
-            && half_mode() == HalfMode::All
+            && half_io(&device)
             && ctx.input_takes_half(0)
             && ctx.sole_contribution(0)
         {
@@ -357,12 +366,9 @@ impl CausalAttentionBackward {
         let s = self.q.shape();
         let dmax = head_dim_bucket(&self.q)?;
         let device = self.q.device();
-        let limit = device.gpu().limits.max_compute_workgroup_storage_size;
-        let t = attention_coop::tile(Pass::Dkv, dmax, coop, limit).ok_or_else(|| {
-            Error::InvalidArgument {
-                op: OP,
-                reason: "no cooperative-matrix attention tile fits (checked by the forward)".into(),
-            }
+        let t = coop_tile(device, Pass::Dkv, dmax, coop).ok_or_else(|| Error::InvalidArgument {
+            op: OP,
+            reason: "no cooperative-matrix attention tile fits (checked by the forward)".into(),
         })?;
         let params = AttentionParams {
             dq: view(dq),
@@ -397,7 +403,7 @@ impl CausalAttentionBackward {
         };
         device.record(
             &attention_coop::ATTN_COOP_BWD,
-            &attention_coop::spec(Pass::Dkv, t, coop, acc, acc, io),
+            &coop_spec(device, Pass::Dkv, (t, coop), (acc, acc), io),
             &params,
             &storage,
             [groups[0] as u32, groups[1] as u32, 1],
@@ -629,13 +635,11 @@ fn coop_for(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<Coop> {
     if !autocast_enabled() || ![q, k, v].into_iter().all(aligned4) {
         return None;
     }
-    let gpu = q.device().gpu();
-    let coop = Coop::available(gpu)?;
+    let coop = Coop::available(q.device().gpu())?;
     let dmax = attention::head_dim_bucket(q.shape()[3])?;
-    let limit = gpu.limits.max_compute_workgroup_storage_size;
     [Pass::Forward, Pass::Dq, Pass::Dkv]
         .into_iter()
-        .all(|pass| attention_coop::tile(pass, dmax, coop, limit).is_some())
+        .all(|pass| coop_tile(q.device(), pass, dmax, coop).is_some())
         .then_some(coop)
 }
 
@@ -671,11 +675,12 @@ fn dispatch(
     let s = q.shape();
     let dmax = head_dim_bucket(q)?;
     let limit_bytes = q.device().gpu().limits.max_compute_workgroup_storage_size;
-    let coop_tile = coop.and_then(|c| Some((c, attention_coop::tile(pass, dmax, c, limit_bytes)?)));
-    let (kernel, spec, block) = match coop_tile {
-        Some((c, t)) => (
+    let device = q.device();
+    let tile = coop.and_then(|c| Some((coop_tile(device, pass, dmax, c)?, c)));
+    let (kernel, spec, block) = match tile {
+        Some((t, c)) => (
             attention_coop::kernel(pass),
-            attention_coop::spec(pass, t, c, acc_a, acc_b, io),
+            coop_spec(device, pass, (t, c), (acc_a, acc_b), io),
             t.rows(c),
         ),
         None => {
@@ -684,7 +689,8 @@ fn dispatch(
                 .gpu()
                 .limits
                 .max_compute_invocations_per_workgroup;
-            let t = attention::chosen_tile(pass, dmax, limit_bytes, lanes);
+            let forced = device.attention_tiles();
+            let t = attention::chosen_tile(pass, dmax, (limit_bytes, lanes), &forced);
             let block = if pass == Pass::Dkv { t.bc } else { t.br };
             (pass.kernel(), attention::spec(pass, t, acc_a, acc_b), block)
         }
@@ -795,7 +801,7 @@ fn attention_forward(
         );
     }
     // O in the inputs' type (f32 after a cast).
-    let out = if half_mode() == HalfMode::All {
+    let out = if half_io(q.device()) {
         q.dtype()
     } else {
         DType::F32

@@ -4,9 +4,7 @@
 //! statistics (never recomputed): one workgroup per chunk of rows computes each row's dx and
 //! the chunk's partial dgamma and dbeta into a scratch, and the partials are summed into both
 //! parameter gradients, each written into its target as its `Out` says (overwritten or added
-//! into): in a second dispatch, or where asked for (`Device::layernorm_sums_in_one_dispatch`)
-//! in the same dispatch (the last workgroup of each group of chunks sums the group's, the last
-//! of those the groups'). dy may be f32 or f16
+//! into) by a second dispatch. dy may be f32 or f16
 //! (an f16 gradient where the consumer made one); dx, dgamma, dbeta are f32.
 //! `layer_norm_unfused` is the same function in existing ops: the reference tests compare.
 //!
@@ -14,7 +12,7 @@
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::error::{Error, Result};
-use crate::graph::{DType, Device, Tensor, SPLIT_TICKETS};
+use crate::graph::{DType, Tensor};
 use crate::kernels::layernorm::{self, LayerNormParams, Write};
 use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
@@ -32,58 +30,18 @@ const MIN_CHUNK_ROWS: usize = 2;
 /// (With one lane a column in stage 2, 512 of 4 was best: 0.80 and 0.41 ms.)
 const MAX_CHUNKS: usize = 1024;
 
-/// (chunks, rows per chunk) of the backward over `rows` rows when it sums dgamma and dbeta.
-/// `WGRAD_LN_CHUNKS=MAX,MIN_ROWS` overrides the two constants (a measurement switch).
-fn chunks(rows: usize) -> (usize, usize) {
-    static LIMITS: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
-    let &(max_chunks, min_rows) = LIMITS.get_or_init(|| {
-        std::env::var("WGRAD_LN_CHUNKS")
-            .ok()
-            .and_then(|v| {
-                let (a, b) = v.split_once(',')?;
-                Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
-            })
-            .filter(|&(a, b): &(usize, usize)| a >= 1 && b >= 1)
-            .unwrap_or((MAX_CHUNKS, MIN_CHUNK_ROWS))
-    });
+/// (chunks, rows per chunk) of the backward over `rows` rows of `x`'s device when it sums
+/// dgamma and dbeta (a `lab` build's `WGRAD_LN_CHUNKS=MAX,MIN_ROWS` overrides the two
+/// constants).
+fn chunks(x: &Tensor, rows: usize) -> (usize, usize) {
+    let (max_chunks, min_rows) = x
+        .device()
+        .options()
+        .lab
+        .layernorm_chunks()
+        .unwrap_or((MAX_CHUNKS, MIN_CHUNK_ROWS));
     let n_chunks = rows.div_ceil(min_rows).clamp(1, max_chunks);
     (n_chunks, rows.div_ceil(n_chunks))
-}
-
-/// Chunks a group where the backward sums dgamma and dbeta in its own dispatch. Two sums run
-/// one after the other at its end: a group's last workgroup adds the group's partials (a
-/// group's chunks a column), then the last of those adds the groups' (the groups a column);
-/// ceil(sqrt(n_chunks)) makes the two about equally long (16 and 16 at DistilGPT-2's 4 x 128:
-/// 256 chunks; 8 about as fast, 64 and 256 slower on an H100, 2026-11-26, PROFILING.md).
-/// `WGRAD_LN_GROUP=N` sets it (a measurement switch).
-fn group_chunks(n_chunks: usize) -> usize {
-    static GROUP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let set = *GROUP.get_or_init(|| crate::kernels::matmul::env_usize("WGRAD_LN_GROUP", 0));
-    let sqrt = n_chunks.isqrt();
-    match set {
-        0 => sqrt + (sqrt * sqrt < n_chunks) as usize,
-        g => g.min(n_chunks),
-    }
-    .max(1)
-}
-
-/// The chunks a group where the backward over `n_chunks` chunks of `cols` columns sums dgamma
-/// and dbeta in its own dispatch (`layernorm_backward_params`), None where a second dispatch
-/// sums them: by default (`Device::layernorm_sums_in_one_dispatch`, off unless asked for: on
-/// an H100 the tails' loads cost more than the second dispatch, PROFILING.md), where the
-/// adapter has fewer storage bindings a shader than the kernel's, its tickets are more than
-/// the device has, or its partials exceed one binding.
-fn sums_in_one_dispatch(device: &Device, n_chunks: usize, cols: usize) -> Option<usize> {
-    let limits = &device.gpu().limits;
-    let group = group_chunks(n_chunks);
-    let n_groups = n_chunks.div_ceil(group);
-    let part_bytes = 4 * 2 * (n_chunks + n_groups) * cols;
-    let bindings = layernorm::LAYERNORM_BACKWARD_PARAMS.storage.len();
-    (device.layernorm_sums_in_one_dispatch()
-        && limits.max_storage_buffers_per_shader_stage as usize >= bindings
-        && n_groups < SPLIT_TICKETS
-        && part_bytes as u64 <= limits.max_storage_buffer_binding_size)
-        .then_some(group)
 }
 
 /// What backward needs: the forward's input and scale, and the statistics it saved.
@@ -169,8 +127,8 @@ fn param_targets<'a>(
 
 impl LayerNormBackward {
     /// The gradients asked for, each written per its `Out`: dx alone in one dispatch (a row a
-    /// workgroup); with dgamma or dbeta, the chunks' partials (with dx where asked for) and
-    /// their sums, in one dispatch where `sums_in_one_dispatch` allows, else in two.
+    /// workgroup); with dgamma or dbeta, the chunks' partials (with dx where asked for), then
+    /// their sums.
     fn grads(
         &self,
         dy: &Tensor,
@@ -201,21 +159,10 @@ impl LayerNormBackward {
         match param_targets(g.as_ref(), b.as_ref()) {
             None => self.launch(dy, dx_kernel, None),
             Some(targets) => {
-                let n_chunks = chunks(rows).0;
-                // One dispatch binds the targets beside what it reads: not one buffer both
-                // ways (a target in the buffer of an input keeps two dispatches).
-                let shared = targets
-                    .1
-                    .iter()
-                    .any(|t| read.iter().any(|r| r.same_storage(t)));
-                match sums_in_one_dispatch(device, n_chunks, cols).filter(|_| !shared) {
-                    Some(group) => self.launch_params(dy, dx_kernel, targets, n_chunks, group)?,
-                    None => {
-                        let partial = Tensor::uninit(device, &[2, n_chunks, cols], DType::F32, OP)?;
-                        self.launch(dy, dx_kernel, Some(&partial));
-                        param_sums(&partial, targets);
-                    }
-                }
+                let n_chunks = chunks(x, rows).0;
+                let partial = Tensor::uninit(device, &[2, n_chunks, cols], DType::F32, OP)?;
+                self.launch(dy, dx_kernel, Some(&partial));
+                param_sums(&partial, targets);
             }
         }
         let dx = match (dx, fresh) {
@@ -236,7 +183,7 @@ impl LayerNormBackward {
         let device = x.device();
         let rows = rows_cols(x).0;
         let (n_chunks, chunk_rows) = match partial {
-            Some(_) => chunks(rows),
+            Some(_) => chunks(x, rows),
             None => (rows, 1),
         };
         // A binding the variant does not touch gets the other written buffer.
@@ -266,57 +213,6 @@ impl LayerNormBackward {
             ],
             device.grid(n_chunks as u64),
         );
-    }
-
-    /// The backward kernel with the parameter sums in its dispatch: dx into `dx` as in
-    /// `launch`, and dgamma and dbeta into their targets (`param_targets`: modes, buffers) from
-    /// the partials of `n_chunks` chunks in groups of `group` (a (2, n_chunks + n_groups, C)
-    /// scratch: the chunks', then the groups').
-    fn launch_params(
-        &self,
-        dy: &Tensor,
-        dx: Option<(&Tensor, bool)>,
-        ([g_mode, b_mode], [gt, bt]): ([Write; 2], [&Tensor; 2]),
-        n_chunks: usize,
-        group: usize,
-    ) -> Result<()> {
-        let x = &self.x;
-        let device = x.device();
-        let (rows, cols) = rows_cols(x);
-        let n_groups = n_chunks.div_ceil(group);
-        let part = Tensor::uninit(device, &[2, n_chunks + n_groups, cols], DType::F32, OP)?;
-        // Without dx, its binding gets the scratch (another written buffer).
-        let dx_buf = dx.map_or(&part, |(t, _)| t);
-        let params = LayerNormParams {
-            n_chunks: n_chunks as u32,
-            chunk_rows: chunks(rows).1 as u32,
-            dgamma_offset: gt.layout().offset as u32,
-            dgamma_stride: gt.strides()[0] as u32,
-            dbeta_offset: bt.layout().offset as u32,
-            dbeta_stride: bt.strides()[0] as u32,
-            group_chunks: group as u32,
-            n_groups: n_groups as u32,
-            ..self.params(dy, dx_buf)
-        };
-        device.record_split(
-            &layernorm::LAYERNORM_BACKWARD_PARAMS,
-            &layernorm::params_spec(dy.dtype(), dx.map(|(_, acc)| acc), g_mode, b_mode),
-            &params,
-            &[
-                dx_buf.storage(),
-                x.storage(),
-                dy.storage(),
-                self.mean.storage(),
-                self.rstd.storage(),
-                self.gamma.storage(),
-                part.storage(),
-                gt.storage(),
-                bt.storage(),
-            ],
-            device.grid(n_chunks as u64),
-            true,
-        );
-        Ok(())
     }
 
     /// The backward's params every launch shares: the shape, and where x, gamma, dy and dx
@@ -491,7 +387,7 @@ impl Tensor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::DeviceOptions;
+    use crate::Device;
 
     /// dx, dgamma, dbeta of sum(LN(x) * dy) in f64 from the saved statistics, over rows of
     /// `gamma.len()`.
@@ -516,18 +412,12 @@ mod tests {
 
     /// dgamma and dbeta into strided targets at offsets of one buffer (every third element from
     /// 1 and from 2, 0.5 beforehand), written, added into or not asked for, each with and
-    /// without dx, with the sums in the backward's dispatch (asked for, where the device can) and in a
-    /// second: against f64, the elements around the targets untouched, one dispatch fewer
-    /// with the sums in the backward's.
+    /// without dx: against f64, the elements around the targets untouched, two dispatches.
     #[test]
     fn parameter_gradients_into_strided_targets_in_every_mode() {
         let modes = [None, Some(false), Some(true)]; // none, written, added into
-        for one in [Some(true), Some(false)] {
-            let options = DeviceOptions {
-                layernorm_sums_in_one_dispatch: one,
-                ..Default::default()
-            };
-            let dev = Device::with_options(&options).expect("a device (lavapipe without a GPU)");
+        {
+            let dev = Device::new().expect("a device (lavapipe without a GPU)");
             // (rows, C): 2 chunks in one group; 19 chunks in 4 groups, C past 1024.
             for (rows, cols) in [(3, 5), (37, 1030)] {
                 let fill = |n: usize, k: usize| -> Vec<f32> {
@@ -559,9 +449,7 @@ mod tests {
                         }
                         for with_dx in [false, true] {
                             let what = format!(
-                                "{rows}x{cols}, dgamma {g_mode:?}, dbeta {b_mode:?}, dx \
-                                 {with_dx}, sums in one dispatch {}",
-                                dev.layernorm_sums_in_one_dispatch()
+                                "{rows}x{cols}, dgamma {g_mode:?}, dbeta {b_mode:?}, dx {with_dx}"
                             );
                             let both = upload(&vec![0.5; 3 * cols + 1], &[3 * cols + 1]);
                             let column = |k: usize| {
@@ -585,8 +473,7 @@ mod tests {
                                 .expect("the backward");
                             dev.sync().expect("sync");
                             let count = dev.counters().dispatches - before;
-                            let sums = sums_in_one_dispatch(&dev, chunks(rows).0, cols);
-                            assert_eq!(count, 2 - sums.is_some() as u64, "{what}");
+                            assert_eq!(count, 2, "{what}");
                             let got = both.to_vec().expect("read back");
                             for (k, (m, want)) in [(g_mode, &want[1]), (b_mode, &want[2])]
                                 .into_iter()

@@ -9,6 +9,7 @@
 //! else a reduction), and dx = dz W^T, each written into its gradient by the matmul.
 
 use crate::autograd::{record, Backward, BackwardCtx};
+use crate::config::Float;
 use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
 use crate::kernels::elementwise::{self, ternary, UnaryOp};
@@ -50,9 +51,9 @@ impl Backward for LinearBackward {
     }
 
     /// Under autocast the backward products round g to f16 as they load it, and GELU's
-    /// gradient reads it as either type (unless `WGRAD_GELU_HALF` keeps it f32).
+    /// gradient reads it as either type (unless `Precision::gelu` keeps it f32).
     fn takes_half_grad(&self) -> bool {
-        self.half && (self.pre.is_none() || gelu_half() == GeluHalf::All)
+        self.half && (self.pre.is_none() || gelu_f16(&self.x))
     }
 
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
@@ -71,10 +72,11 @@ impl LinearBackward {
         let n = self.w.shape()[1];
         let g = g.reshape(&[g.numel() / n, n])?; // (rows, N)
         let dz = match &self.pre {
-            // Under autocast dz is stored f16 (`dz_mode`): the products round it to f16 as
-            // they load it anyway, and read half the bytes.
+            // Under autocast dz is stored f16 (`Precision::gelu_grad`): the products round it
+            // to f16 as they load it anyway, and read half the bytes.
             Some(z) => {
-                let dtype = if self.half && dz_mode() != DzMode::F32 {
+                let precision = g.device().options().precision;
+                let dtype = if self.half && precision.gelu_grad == Float::F16 {
                     DType::F16
                 } else {
                     DType::F32
@@ -89,11 +91,6 @@ impl LinearBackward {
                     (0.0, 0.0),
                     Out::Write(&dz),
                 )?
-            }
-            // (Measured) an f32 g (the residual stream's, attention's) rounded to f16 once for
-            // the products and the bias gradient.
-            None if self.half && g.dtype() == DType::F32 && dz_mode() == DzMode::All => {
-                g.to_dtype(DType::F16)?
             }
             None => g,
         };
@@ -136,10 +133,7 @@ impl LinearBackward {
                 let (tw, acc_w) = ow.resolve(OP, x.device(), self.w.shape(), &[x, &dz])?;
                 let (tb, acc_b) = ob.resolve(OP, x.device(), &[n], &[&dz])?;
                 let out = |t, acc| if acc { Out::Acc(t) } else { Out::Write(t) };
-                if acc_w == acc_b
-                    && tb.is_contiguous()
-                    && bias_grad_in_product(dz.shape()[0], self.half)
-                {
+                if acc_w == acc_b && tb.is_contiguous() && bias_grad_in_product(&dz, self.half) {
                     dw(out(&tw, acc_w), Some(&tb))?;
                 } else {
                     dw(out(&tw, acc_w), None)?;
@@ -198,81 +192,28 @@ impl LinearBackward {
 /// (PROFILING.md, 2026-11-26).
 const BIAS_GRAD_IN_PRODUCT_ROWS: usize = 1024;
 
-/// Whether the bias gradient of a linear over `rows` rows comes out of its dW product:
-/// `WGRAD_BIAS_GRAD=product|reduce` (a measurement switch) or, by default, under autocast
-/// (`half`) or up to `BIAS_GRAD_IN_PRODUCT_ROWS`.
-fn bias_grad_in_product(rows: usize, half: bool) -> bool {
-    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    match MODE
-        .get_or_init(|| std::env::var("WGRAD_BIAS_GRAD").unwrap_or_default())
-        .as_str()
-    {
-        "product" => true,
-        "reduce" => false,
-        _ => half || rows <= BIAS_GRAD_IN_PRODUCT_ROWS,
-    }
+/// Whether the bias gradient of a linear over dz's rows comes out of its dW product: under
+/// autocast (`half`) or up to `BIAS_GRAD_IN_PRODUCT_ROWS` (a `lab` build's `WGRAD_BIAS_GRAD`
+/// forces either way).
+fn bias_grad_in_product(dz: &Tensor, half: bool) -> bool {
+    let forced = dz.device().options().lab.bias_grad_in_product();
+    forced.unwrap_or(half || dz.shape()[0] <= BIAS_GRAD_IN_PRODUCT_ROWS)
 }
 
-/// What of a GELU linear is stored f16 under autocast (`WGRAD_GELU_HALF`, a measurement
-/// switch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum GeluHalf {
-    /// `WGRAD_GELU_HALF=none`: the pre-activation z and the output's gradient f32.
-    None,
-    /// `WGRAD_GELU_HALF=pre`: z f16, the output's gradient f32.
-    Pre,
-    /// The default: z f16, and the output's gradient f16 where a linear that reads the output
-    /// is all that contributes to it (GELU's gradient reads both as f32; f16 is what PyTorch's
-    /// autocast saves and propagates there too).
-    All,
-}
-
-fn gelu_half() -> GeluHalf {
-    static MODE: std::sync::OnceLock<GeluHalf> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("WGRAD_GELU_HALF").as_deref() {
-        Ok("none") => GeluHalf::None,
-        Ok("pre") => GeluHalf::Pre,
-        _ => GeluHalf::All,
-    })
-}
-
-/// Which of a linear's dz are f16 under autocast (`WGRAD_DZ`, a measurement switch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum DzMode {
-    /// `WGRAD_DZ=f32`: every dz f32, the products rounding it as they load it.
-    F32,
-    /// The default: GELU's gradient stored f16 by the dispatch that computes it. Its readers:
-    /// the dW and dX products, which round it to f16 as they load it (so their results are the
-    /// same bits either way), and the bias gradient, which then sums dz's f16 values in f32.
-    Gelu,
-    /// `WGRAD_DZ=all`: that, and every other f32 g (the residual stream's, attention's)
-    /// rounded to f16 by a dispatch of its own before the products.
-    All,
-}
-
-fn dz_mode() -> DzMode {
-    static MODE: std::sync::OnceLock<DzMode> = std::sync::OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("WGRAD_DZ").as_deref() {
-        Ok("f32") => DzMode::F32,
-        Ok("all") => DzMode::All,
-        _ => DzMode::Gelu,
-    })
+/// Whether a GELU linear on `x`'s device stores its pre-activation (and its output's gradient
+/// may be) f16 under autocast (`Precision::gelu`: f16, as PyTorch's autocast saves there; f32
+/// keeps both f32). GELU's gradient reads both as f32.
+fn gelu_f16(x: &Tensor) -> bool {
+    x.device().options().precision.gelu == Float::F16
 }
 
 /// Whether an f32 input of a (K, N) weight under autocast is rounded to f16 before the
-/// product: where the output has 3 K columns or more (`WGRAD_LINEAR_CAST=all|none|wide`, a
-/// measurement switch; `wide` is the default). An f16 input is used as it is: a producer may
-/// store f16 for such a linear (GPT-2's LayerNorms do under mixed precision).
+/// product: where the output has 3 K columns or more (the numbers are the same either way;
+/// casting every input, or none, measured slower: docs/decisions.md). An f16 input is used as
+/// it is: a producer may store f16 for such a linear (GPT-2's LayerNorms do under mixed
+/// precision).
 pub(crate) fn cast_input(n: usize, k: usize) -> bool {
-    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    match MODE
-        .get_or_init(|| std::env::var("WGRAD_LINEAR_CAST").unwrap_or_default())
-        .as_str()
-    {
-        "all" => true,
-        "none" => false,
-        _ => n >= 3 * k,
-    }
+    n >= 3 * k
 }
 
 impl Tensor {
@@ -404,7 +345,7 @@ impl Tensor {
             }
             (Some(bias), Activation::Gelu) => {
                 // Under autocast the pre-activation is stored f16 (GELU's gradient reads it).
-                let pre_dtype = if half && gelu_half() != GeluHalf::None {
+                let pre_dtype = if half && gelu_f16(self) {
                     DType::F16
                 } else {
                     DType::F32

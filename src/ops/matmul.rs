@@ -135,6 +135,15 @@ fn runs(dev: &Device, key: &ProductKey, tile: TileChoice) -> bool {
 /// The tile the shape heuristics choose for a product of `key` (no measurement).
 pub fn heuristic_tile(dev: &Device, key: &ProductKey) -> TileChoice {
     let (m, n, batch) = (key.m as usize, key.n as usize, key.batch as usize);
+    // A `lab` build's forced tile (`WGRAD_COOP_TILE`, `WGRAD_MATMUL_TILE`), where it runs.
+    let lab = &dev.options().lab;
+    let forced = match coop_for(dev, key) {
+        Some(_) => lab.coop_tile().map(TileChoice::Coop),
+        None => lab.matmul_tile().map(TileChoice::Tiled),
+    };
+    if let Some(t) = forced.filter(|t| runs(dev, key, *t)) {
+        return t;
+    }
     match coop_for(dev, key) {
         Some(coop) => TileChoice::Coop(matmul_coop::choose_tile(
             m,
@@ -515,10 +524,13 @@ impl Tensor {
                 match measured_split(dev, &key) {
                     // Measured (or forced by a search): at most one range a K step.
                     Some(s) => (s as usize).clamp(1, k.div_ceil(bk as usize)),
-                    None => matmul::split_k(tiles, k),
+                    None => {
+                        let target = dev.options().lab.split_target();
+                        matmul::split_k(tiles, k, target.unwrap_or(matmul::SPLIT_TARGET_GROUPS))
+                    }
                 }
                 .min(max_splits(dev, m_run, n))
-                .min(matmul::split_cap())
+                .min(dev.options().lab.split_max().unwrap_or(usize::MAX))
             }
             _ => 1,
         };
@@ -531,16 +543,15 @@ impl Tensor {
         // from its accumulators (unsplit, f32 C on 16-byte rows) is a bias product, and a
         // second dispatch adds the residual: the residual epilogue cost more than the add at
         // 8 x 512 --amp on an H200 (the step 23.21 / 23.26 -> 23.38 / 23.68 ms, 2026-11-25), and
-        // no less with the tiles through the scratch on an H100 (`residual_by_copy`). Split,
-        // the sum adds it. So does a second dispatch for a residual in the
+        // no less with the tiles through the scratch on an H100 (16.83-16.97 ms against
+        // 16.92-17.13, 2026-11-26; docs/decisions.md). Split, the sum adds it. So does a second dispatch for a residual in the
         // buffer of an operand or the bias: the epilogue binds it read-write (the kernels'
         // second output binding), and one dispatch may not use a buffer both ways.
         if let Epilogue::BiasResidual { bias, residual } = epilogue {
             let coop_direct = matches!(choice, Choice::Coop(..))
-                && residual_by_copy()
                 && !x3(dev, &key)
                 && split == 1
-                && stores_direct(out.dtype(), (params.c_off, params.c_ms, params.c_bs), 1);
+                && rows_on_16_bytes(out.dtype(), (params.c_off, params.c_ms, params.c_bs));
             let id = residual.storage().buffer_id();
             let shared = [&a, &b, bias].iter().any(|t| t.storage().buffer_id() == id);
             if coop_direct || shared {
@@ -583,38 +594,15 @@ impl Tensor {
             Choice::Coop(coop, tile) => {
                 let a_access = a_layout.access();
                 let b_access = b_layout.access();
-                // C written straight from the accumulators: a plain or bias product into f32
-                // with unit column stride and rows on 16-byte boundaries (the partials of a
-                // split are contiguous (S, M, N)).
-                let (c_off, c_ms, c_bs) = match split {
-                    1 => (params.c_off, params.c_ms, params.c_bs),
-                    _ => (0, n as u32, (m_run * n) as u32),
-                };
-                // (X3 products store no accumulators straight to C: `spec_ones`.)
-                let c_direct = !one_dispatch
-                    && !on_x3
-                    && coop_direct_stores()
-                    && matches!(
-                        epilogue,
-                        Epilogue::None | Epilogue::Bias(_) | Epilogue::BColumnSums(_)
-                    )
-                    && stores_direct(
-                        kernel_types.c,
-                        (c_off, c_ms, c_bs),
-                        if split > 1 { 1 } else { params.c_ns },
-                    );
-                // Else through the scratch tile, in vectors of 4 where C takes them (unsplit:
-                // a split's partials are stored straight or summed elsewhere).
-                let c_store = if c_direct {
-                    matmul_coop::CStore::Direct
-                } else if split == 1
+                // C through the scratch tile, in vectors of 4 where C takes them (unsplit: a
+                // split's partials are summed elsewhere).
+                let c_store = if split == 1
                     && stores_vectors(
                         kernel_types.c,
                         &params,
                         (batch, m, n),
                         out.storage().bound_bytes() as usize / out.dtype().size(),
-                    )
-                {
+                    ) {
                     matmul_coop::CStore::Vec4
                 } else {
                     matmul_coop::CStore::Elems
@@ -639,16 +627,20 @@ impl Tensor {
                         ]
                     },
                     {
-                        let spec = matmul_coop::spec_ones(
-                            tile,
-                            kernel_acc,
-                            kernel_types,
-                            coop,
-                            (a_access, b_access),
-                            c_store,
-                            sums.is_some(),
-                            on_x3,
-                        );
+                        let spec = matmul_coop::Variant {
+                            ones: sums.is_some(),
+                            x3: on_x3,
+                            ablation: dev.options().lab.ablation(),
+                            ..matmul_coop::Variant::new(
+                                tile,
+                                kernel_acc,
+                                kernel_types,
+                                coop,
+                                (a_access, b_access),
+                                c_store,
+                            )
+                        }
+                        .spec();
                         // The vector epilogue's `pre` (GELU's pre-activation, new and
                         // contiguous from 0; or the residual, contiguous from res_off) in
                         // vectors too, where its rows start on vectors inside the binding.
@@ -927,7 +919,7 @@ pub const SPLIT_CHUNK: u32 = 8;
 /// The most load latencies (ranges times passes over the tile) the sum a split tile's last
 /// range runs in the product's own dispatch may wait; a longer sum goes to a second dispatch,
 /// whose workgroups share it (the LM head's dX at 4 x 128 splits 16 ways on tiles of 4 passes).
-/// `WGRAD_SPLIT_TAIL=N` sets it (a measurement switch).
+/// A `lab` build's `WGRAD_SPLIT_TAIL=N` sets it.
 pub const SPLIT_TAIL_STEPS: usize = 16;
 
 /// Whether a product split into `splits` ranges of K sums them in its own dispatch
@@ -941,8 +933,7 @@ fn sums_in_one_dispatch(
     (m, n): (usize, usize),
     splits: usize,
 ) -> bool {
-    static TAIL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let most = *TAIL.get_or_init(|| matmul::env_usize("WGRAD_SPLIT_TAIL", SPLIT_TAIL_STEPS));
+    let most = dev.options().lab.split_tail().unwrap_or(SPLIT_TAIL_STEPS);
     let (bm, bn, lanes) = match choice {
         Choice::Tiled(t) => (t.bm, t.bn, t.lanes()),
         Choice::Coop(_, _) if on_x3 => return false,
@@ -1001,33 +992,11 @@ fn record_absmax(
     Ok(scales)
 }
 
-/// Whether the cooperative-matrix kernel stores the accumulators of tiles inside an f32 C
-/// straight to C (`coopStoreT` into the binding) rather than through the scratch epilogue (a
-/// fragment at a time into workgroup memory, then rows of C in vectors of 4 where C takes
-/// them): only with `WGRAD_COOP_DIRECT=1` (a measurement switch). On an H100 the straight
-/// stores wrote C at about a third of the scratch epilogue's rate (100 MB of f32 C: 87 us
-/// against 31 over the product's other work), and the 8 x 512 --amp step ran 0.3 ms faster
-/// through the scratch (PROFILING.md, 2026-11-26).
-fn coop_direct_stores() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("WGRAD_COOP_DIRECT").is_ok_and(|v| v == "1"))
-}
-
-/// Whether a residual product whose tiles the cooperative-matrix kernel could store straight
-/// to C runs as a bias product and a copy that adds the residual (the default) or through the
-/// residual epilogue (`WGRAD_RESIDUAL=epilogue`, a measurement switch). With C through the
-/// scratch epilogue (`coop_direct_stores` off) the copy still ran the 8 x 512 --amp step as
-/// fast or faster on an H100 (16.83-16.97 ms against 16.92-17.13, PROFILING.md, 2026-11-26).
-fn residual_by_copy() -> bool {
-    static EPILOGUE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    !*EPILOGUE.get_or_init(|| std::env::var("WGRAD_RESIDUAL").is_ok_and(|v| v == "epilogue"))
-}
-
-/// Whether the cooperative-matrix kernel can store C's tiles straight from its accumulators
-/// (it does with `coop_direct_stores`): an f32 C with unit column stride (`c_ns`) whose
-/// offset, row stride and batch stride are multiples of 4 (rows on 16 bytes).
-fn stores_direct(c: DType, (c_off, c_ms, c_bs): (u32, u32, u32), c_ns: u32) -> bool {
-    c == DType::F32 && c_ns == 1 && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4))
+/// Whether C's rows start on 16 bytes: an f32 C whose offset, row stride and batch stride are
+/// multiples of 4 (a residual product into such a C is a bias product and an add: see
+/// `matmul_epilogue_into`).
+fn rows_on_16_bytes(c: DType, (c_off, c_ms, c_bs): (u32, u32, u32)) -> bool {
+    c == DType::F32 && [c_off, c_ms, c_bs].iter().all(|x| x.is_multiple_of(4))
 }
 
 /// Whether the cooperative-matrix kernel may bind C (`batch` of (m, n) through `p`'s C

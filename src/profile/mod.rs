@@ -5,6 +5,7 @@
 pub mod ceilings;
 mod report;
 mod spans;
+pub mod timed;
 mod trace;
 
 pub use report::{KernelRow, PhaseRow, ProfileReport, StepStats};

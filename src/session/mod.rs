@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::Precision;
 use crate::error::{Error, Result};
 use crate::graph::{Device, Tensor};
 use crate::model::{
@@ -95,12 +96,18 @@ const READ_BACK_INTERVAL: Duration = Duration::from_millis(500);
 /// Steps whose losses wait on the GPU at most (the ring's slots).
 const LOSS_RING: usize = 16;
 
-/// The hyper-parameters JSON of a checkpoint: the options and which tokens they trained on.
+/// The hyper-parameters JSON of a checkpoint: the options, which tokens they trained on, and
+/// the precision the Device ran them in.
 #[derive(Serialize, Deserialize)]
 struct SavedOptions {
     options: TrainOptions,
     /// FNV-1a of the data's token ids (a resumed position is only valid in the same tokens).
     data_tokens_fnv1a64: String,
+    /// What of `config::Precision` the run used (`Precision::in_effect`): a resumed run must
+    /// use the same to continue the same losses. (Missing in a checkpoint written before it
+    /// was saved: the defaults, what those runs used unless the environment said otherwise.)
+    #[serde(default)]
+    precision: Precision,
 }
 
 pub struct TrainSession {
@@ -112,6 +119,36 @@ pub struct TrainSession {
     pub data: TokenDataset,
     sampler: BatchSampler,
     data_fingerprint: u64,
+}
+
+/// An error unless `device` runs with the precision the checkpoint in `dir` was trained with
+/// (`saved`), naming each difference and the variable that sets it.
+fn check_precision(dir: &Path, saved: &Precision, device: &Device, amp: bool) -> Result<()> {
+    let now = device.options().precision.in_effect(amp);
+    let differences = saved.in_effect(amp).differences(&now);
+    if differences.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = differences
+        .iter()
+        .map(|d| {
+            let field = d.split(':').next().unwrap_or_default();
+            let var = Precision::VARIABLES
+                .iter()
+                .find(|(f, _)| *f == field)
+                .map_or("", |(_, v)| v);
+            format!("{d} ({var})")
+        })
+        .collect();
+    Err(Error::InvalidArgument {
+        op: "--resume",
+        reason: format!(
+            "{} was trained with another precision than this run's, so it would not continue \
+             the same losses: {} (saved -> now; set the variables as the run had them)",
+            dir.display(),
+            named.join(", ")
+        ),
+    })
 }
 
 fn tokens_fingerprint(tokens: &[u32]) -> u64 {
@@ -198,6 +235,7 @@ impl TrainSession {
                 reason: format!("the checkpoint's hyper-parameters: {e}"),
             })?;
         let options = flags.resumed_run(&meta.options)?;
+        check_precision(dir, &meta.precision, device, options.amp)?;
         let step = saved.state.step as usize;
         if options.steps <= step {
             return Err(Error::InvalidArgument {
@@ -270,9 +308,11 @@ impl TrainSession {
 
     /// Writes a checkpoint of the current step into `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
+        let device = self.trainer.model.params.device();
         let hyper = SavedOptions {
             options: self.options.clone(),
             data_tokens_fnv1a64: format!("{:016x}", self.data_fingerprint),
+            precision: device.options().precision.in_effect(self.options.amp),
         };
         let state = TrainState {
             step: self.trainer.step as u64,

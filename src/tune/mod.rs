@@ -12,11 +12,11 @@ use std::path::PathBuf;
 
 use crate::error::Result;
 use crate::graph::{DType, Device, Tensor};
-use crate::kernels::tuning::{self, ProductKey, TileChoice};
+use crate::kernels::tuning::{ProductKey, TileChoice};
 use crate::ops::matmul::max_splits;
 use crate::ops::matmul::Epilogue;
 use crate::ops::{autocast, candidate_tiles, heuristic_tile, Out};
-use crate::profile::ceilings::{gpu_ms, warm_up};
+use crate::profile::timed::{gpu_ms, warm_up};
 
 /// The numbers of K ranges a search tries on a product that may split K (each range at least
 /// `SEARCH_MIN_K` long): every count to 16, then 20, 24 and 32. Which count fills the GPU in
@@ -138,7 +138,7 @@ fn row_length(key: &ProductKey, inner: usize) -> usize {
 /// a bias and a residual, or a bias and GELU into an output of the autocast type (f16 under
 /// autocast), as `linear` records them; into rows padded as `operands` pads them; over `reps`
 /// products after untimed ones that compile the pipelines and bring the GPU's clocks up
-/// (`profile::ceilings::gpu_ms`: the split-K sum, where there is one, included).
+/// (`profile::timed::gpu_ms`: the split-K sum, where there is one, included).
 pub fn time_product(
     device: &Device,
     a: &Tensor,
@@ -204,7 +204,7 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
     let time = |tile: TileChoice, split: Option<u32>| -> Result<Measured> {
         device.force_tile(Some(tile));
         device.force_split(split);
-        if crate::profile::ceilings::trace_timing() {
+        if device.options().lab.timing_trace() {
             eprintln!("timing: {key:?} {} split {split:?}", tile.name());
         }
         let ms = time_product(device, &a, &b, key, reps);
@@ -251,7 +251,7 @@ pub fn search(device: &Device, key: &ProductKey, reps: usize) -> Result<Search> 
 /// Writes the device's tile table to the adapter's cache file (written whole, then renamed);
 /// returns the path, or None where no cache directory can be named.
 pub fn save_tiles(device: &Device) -> Result<Option<PathBuf>> {
-    let Some(path) = tuning::cache_file(&device.gpu().info) else {
+    let Some(path) = device.tile_cache_file() else {
         return Ok(None);
     };
     crate::model::atomic::write_file(&path, device.tile_table_json().as_bytes())?;

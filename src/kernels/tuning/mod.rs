@@ -1,11 +1,17 @@
 //! Matmul tiles measured on this adapter: a table from a product (shape, layout, precision) to
 //! the tile that ran it fastest, and for a product that may split K, the number of K ranges
-//! (measured, since how many workgroups fill the GPU is not something wgpu tells). `wgrad bench matmul --search` and `wgrad bench step --tune`
-//! fill it (see `crate::tune`); it is kept on disk per adapter and driver, and a product the
-//! table does not know gets the tile the shape heuristics choose.
+//! (measured, since how many workgroups fill the GPU is not something wgpu tells). `wgrad
+//! bench matmul --search` and `wgrad bench step --tune` fill it (see `crate::tune`); it is kept
+//! on disk per adapter and driver (`cache_file`), tables measured by the project ship with the
+//! engine (`shipped`), and a product the table does not know gets the tile the shape
+//! heuristics choose.
+
+mod shipped;
+
+pub use shipped::{nearest_shipped, Shipped, SHIPPED};
 
 use rustc_hash::FxHashMap as HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -247,46 +253,48 @@ impl TileTable {
     /// Parses a table written by `to_json`; a table of another adapter or driver is empty (its
     /// timings say nothing here). Entries whose tile this build does not know are dropped.
     pub fn from_json(text: &str, adapter: &str, driver: &str) -> Result<TileTable, String> {
+        let (a, d, table) = TileTable::parse(text)?;
+        Ok(if a == adapter && d == driver {
+            table
+        } else {
+            TileTable::default()
+        })
+    }
+
+    /// A table as `to_json` writes it, with the adapter and driver it was measured on.
+    pub fn parse(text: &str) -> Result<(String, String, TileTable), String> {
         let file: File = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let mut table = TileTable::default();
-        if file.adapter != adapter || file.driver != driver {
-            return Ok(table);
-        }
         for e in file.entries {
             if let Some(c) = TileChoice::parse(&e.tile) {
                 table.insert(e.key, c, e.split.filter(|&s| s >= 1), e.ms);
             }
         }
-        Ok(table)
+        Ok((file.adapter, file.driver, table))
     }
 }
 
-/// Where the table of `info`'s adapter and driver lives: `$WGRAD_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/wgrad`, else `~/.cache/wgrad`; the file is named after both.
-pub fn cache_file(info: &wgpu::AdapterInfo) -> Option<PathBuf> {
-    let dir = match std::env::var_os("WGRAD_CACHE_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => match std::env::var_os("XDG_CACHE_HOME") {
-            Some(d) => PathBuf::from(d).join("wgrad"),
-            None => PathBuf::from(std::env::var_os("HOME")?).join(".cache/wgrad"),
-        },
-    };
-    let clean = |s: &str| -> String {
-        s.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '.' {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .collect()
-    };
-    Some(dir.join(format!(
-        "matmul-tiles-{}-{}.json",
-        clean(&info.name),
-        clean(&info.driver_info)
-    )))
+/// Where the table of `info`'s adapter and driver lives in cache directory `dir`
+/// (`Paths::cache_dir`): a file named after both.
+pub fn cache_file(info: &wgpu::AdapterInfo, dir: &Path) -> PathBuf {
+    dir.join(table_file_name(&info.name, &info.driver_info))
+}
+
+/// `matmul-tiles-ADAPTER-DRIVER.json`, each with what is not a letter, digit or dot as `-`.
+pub fn table_file_name(adapter: &str, driver: &str) -> String {
+    format!("matmul-tiles-{}-{}.json", clean(adapter), clean(driver))
+}
+
+fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
 }
 
 /// The tiled kernel's tiles a search measures: the defaults, other vector-run blocks, and the
