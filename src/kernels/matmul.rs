@@ -432,6 +432,7 @@ pub const STEP_TYPES: [Types; 5] = [
 /// An operand as a launcher sees it: element type, offset, batch stride and count, row and
 /// column extents and strides (elements), and the elements its binding holds. A: (M, K) per
 /// batch; B: (K, N).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct OperandLayout {
     pub dtype: DType,
     pub offset: usize,
