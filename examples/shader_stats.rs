@@ -4,19 +4,13 @@
 //! choices, not part of the engine.
 //!
 //! ```sh
-//! cargo run --release --example shader_stats -- coop:2x2/4x4/32 coop:2x4/4x2/64 tiled:128x64x16/8x4
+//! cargo run --release --features lab --example shader_stats -- coop:2x2/4x4/32 coop:2x4/4x2/64 tiled:128x64x16/8x4
 //! ```
 //!
-//! Each argument is `coop:TILE` (the cooperative-matrix kernel, f16 x f16 -> f32, both
-//! operands read as 16-byte units along their unit-stride dim, accumulators stored straight to
-//! C: the 4096^3 case of `wgrad bench matmul --dtype f16`), `coop:TILE:ENTRY` (that kernel's
-//! entry point ENTRY, e.g. `matmul_coop_bias_gelu`, its epilogue through the scratch tile; the
-//! entry `matmul_coop` or `matmul_coop_bias` with `:scratch` after it takes that path too;
-//! `:vec` after any entry: the scratch epilogue storing 4 columns a lane, C bound as vectors) or
-//! `attn:fwd|bwd:IN[:GRAD[:OUT]]` (the cooperative-matrix attention at head dim 64, its
-//! bindings' types f32 or f16) or `tiled:TILE` (the f32 tiled kernel; `tiled:TILE:ENTRY` its
-//! entry point ENTRY, e.g. `matmul_bias_res`; `tiled:TILE:ENTRY:v4` with both operands read
-//! in vectors of 4, as a step's aligned products are on a vector tile). The SPIR-V is written by
+//! Each argument names a kernel variant as `wgrad wgsl` takes it (`coop:TILE[:ENTRY[:vec]]`,
+//! `tiled:TILE[:ENTRY[:v4]]`, `attn:fwd|bwd:IN[:GRAD[:OUT]]`: `wgrad::kernels::named`). A `lab`
+//! build's tool (`cargo run --release --features lab --example shader_stats -- ...`). The
+//! SPIR-V is written by
 //! naga with the options wgpu uses for the engine's shader modules (no bounds checks, no loop
 //! bounding, no division checks). `--no-robust` opens the device without robustBufferAccess /
 //! robustBufferAccess2 (wgpu turns both on where offered), to see what the driver's bounds checks
@@ -25,9 +19,7 @@
 use std::ffi::{c_char, CStr};
 
 use ash::vk;
-use wgrad::kernels::matmul::{self, Tile, Types};
-use wgrad::kernels::matmul_coop::{self, Coop, CoopTile, OperandAccess};
-use wgrad::kernels::{compose_source, Family, KernelDesc, Spec};
+use wgrad::kernels::{compose_source, named, Family, Spec};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -40,7 +32,7 @@ fn main() {
     let kernels: Vec<(String, &'static Family, &'static str, Spec)> = args
         .iter()
         .filter(|a| a.contains(':'))
-        .map(|a| kernel(a).unwrap_or_else(|| panic!("{a}: expected coop:TILE or tiled:TILE")))
+        .map(|a| kernel(a))
         .collect();
     if kernels.is_empty() {
         eprintln!("usage: shader_stats [--no-robust] coop:2x2/4x4/32 tiled:128x64x16/8x4 ...");
@@ -50,107 +42,9 @@ fn main() {
     unsafe { run(&kernels, robust, ir.as_deref()) }
 }
 
-fn kernel(arg: &str) -> Option<(String, &'static Family, &'static str, Spec)> {
-    let (kind, rest) = arg.split_once(':')?;
-    let mut parts = rest.split(':');
-    let tile = parts.next()?;
-    let entry = parts.next();
-    let flag = parts.next();
-    let scratch = flag == Some("scratch");
-    match kind {
-        "coop" => {
-            let t = CoopTile::parse(tile)?;
-            let entry = entry_named(
-                entry,
-                &[
-                    &matmul_coop::MATMUL_COOP,
-                    &matmul_coop::MATMUL_COOP_BIAS,
-                    &matmul_coop::MATMUL_COOP_BIAS_GELU,
-                    &matmul_coop::MATMUL_COOP_BIAS_RES,
-                    &matmul_coop::MATMUL_COOP_SUMS,
-                ],
-            )?;
-            let direct = matches!(entry, "matmul_coop" | "matmul_coop_bias") && !scratch;
-            let coop = Coop {
-                fs: 16,
-                sgs: 32,
-                words: false,
-            };
-            let wide = OperandAccess {
-                along_cols: true,
-                vec: true,
-                wide: true,
-            };
-            let c = match flag {
-                Some("vec") => matmul_coop::CStore::Vec4,
-                _ if direct => matmul_coop::CStore::Direct,
-                _ => matmul_coop::CStore::Elems,
-            };
-            let spec = matmul_coop::spec(t, false, Types::F16, coop, (wide, wide), c);
-            Some((arg.to_string(), &matmul_coop::FAMILY, entry, spec))
-        }
-        "tiled" => {
-            let t = Tile::parse(tile)?;
-            let entry = entry_named(
-                entry,
-                &[
-                    &matmul::MATMUL,
-                    &matmul::MATMUL_BIAS,
-                    &matmul::MATMUL_BIAS_GELU,
-                    &matmul::MATMUL_BIAS_RES,
-                    &matmul::MATMUL_SUMS,
-                ],
-            )?;
-            // `:v4`: both operands read in vectors of 4 (a step's aligned products; vector
-            // tiles only).
-            let v4 = match flag {
-                None => false,
-                Some("v4") if t.vec => true,
-                Some(_) => return None,
-            };
-            let spec = matmul::spec_ones(t, false, Types::F32, (v4, v4), entry == "matmul_sums");
-            Some((arg.to_string(), &matmul::FAMILY, entry, spec))
-        }
-        "attn" => {
-            // `attn:fwd|bwd:IN[:GRAD[:OUT]]`: the cooperative-matrix attention at D = 64, q, k
-            // and v of type IN, dO of GRAD (the backward), outputs of OUT (each f32 or f16;
-            // GRAD and OUT default to IN).
-            use wgrad::kernels::attention::Pass;
-            use wgrad::kernels::attention_coop::{self, Io};
-            let dtype = |s: Option<&str>| match s {
-                Some("f32") => Some(wgrad::DType::F32),
-                Some("f16") => Some(wgrad::DType::F16),
-                _ => None,
-            };
-            let pass = match tile {
-                "fwd" => Pass::Forward,
-                "bwd" => Pass::Dkv,
-                _ => return None,
-            };
-            let input = dtype(entry)?;
-            let grad = flag.map_or(Some(input), |f| dtype(Some(f)))?;
-            let out = parts.next().map_or(Some(input), |f| dtype(Some(f)))?;
-            let coop = Coop {
-                fs: 16,
-                sgs: 32,
-                words: false,
-            };
-            let t = attention_coop::tile(pass, 64, coop, 49152)?;
-            let io = Io { input, grad, out };
-            let spec = attention_coop::spec(pass, t, coop, false, false, io);
-            let k = attention_coop::kernel(pass);
-            Some((arg.to_string(), k.family, k.name, spec))
-        }
-        _ => None,
-    }
-}
-
-/// The entry point `name` among a family's `kernels` (the first where no name is given).
-fn entry_named(name: Option<&str>, kernels: &[&'static KernelDesc]) -> Option<&'static str> {
-    match name {
-        None => Some(kernels[0].name),
-        Some(n) => kernels.iter().map(|k| k.name).find(|k| *k == n),
-    }
+fn kernel(arg: &str) -> (String, &'static Family, &'static str, Spec) {
+    let n = named::parse(arg).unwrap_or_else(|e| panic!("{e}"));
+    (n.name, n.family, n.entry, n.spec)
 }
 
 fn spirv(family: &Family, spec: &Spec, entry: &str) -> (Vec<u32>, Vec<(u32, vk::DescriptorType)>) {

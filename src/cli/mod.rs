@@ -10,6 +10,7 @@ mod limits;
 mod profile;
 mod setup;
 mod train;
+mod wgsl;
 
 use clap::{Parser, Subcommand};
 
@@ -41,6 +42,8 @@ enum Command {
     },
     /// Profile GPT-2 training steps: GPU time per kernel, CPU phases, counters, Chrome trace.
     Profile(profile::Args),
+    /// Print the complete WGSL of kernel variants (e.g. `coop:2x2/4x4/32:matmul_coop_bias`).
+    Wgsl(wgsl::Args),
     /// Benchmarks that print tables (never assert on timing).
     Bench {
         #[command(subcommand)]
@@ -64,11 +67,24 @@ pub fn run(cli: Cli) -> wgrad::Result<()> {
         Command::Eval(args) => eval::run(&args),
         Command::Generate(args) => generate::run(&args),
         Command::Info { json } => info::run(json),
-        Command::Profile(args) => profile::run(&args),
+        Command::Profile(args) => skip_over_limits(profile::run(&args)),
+        Command::Wgsl(args) => wgsl::run(&args),
         Command::Bench { which } => match which {
             BenchCommand::Ops(args) => bench_ops::run(&args),
-            BenchCommand::Step(args) => bench_step::run(&args),
+            BenchCommand::Step(args) => skip_over_limits(bench_step::run(&args)),
             BenchCommand::Matmul(args) => bench_matmul::run(&args),
         },
+    }
+}
+
+/// A measurement of one size over this adapter's limits is skipped, not failed: the line says
+/// which limit (the same command runs on lavapipe and on an H100).
+fn skip_over_limits(r: wgrad::Result<()>) -> wgrad::Result<()> {
+    match limits::or_skip(r)? {
+        Ok(()) => Ok(()),
+        Err(limit) => {
+            limits::print_skipped(&[limit]);
+            Ok(())
+        }
     }
 }

@@ -1,6 +1,7 @@
-//! `wgrad profile`: warm-up steps, then profiled steps of GPT-2 training; prints GPU time per
-//! kernel, CPU time per phase, per-step counters and wall times; `--json FILE` and
-//! `--trace FILE` (Chrome trace) write the same data.
+//! `wgrad profile`: warm-up steps, then profiled steps of GPT-2 training, then as many without
+//! timestamps; prints GPU time per kernel, CPU time per phase, per-step counters and wall
+//! times, the untimed median beside the timed one (the profiler's own cost); `--json FILE`
+//! and `--trace FILE` (Chrome trace) write the same data.
 
 use std::path::PathBuf;
 
@@ -67,6 +68,11 @@ pub fn run(args: &Args) -> Result<()> {
     for _ in 0..warmup + args.steps {
         prof.step(|| trainer.step(std::slice::from_ref(&batch))?.item())?;
     }
+    // As many steps again without timestamps: the report sets their median beside the timed
+    // one, the profiler's own cost.
+    prof.untimed_steps(args.steps, || {
+        trainer.step(std::slice::from_ref(&batch))?.item()
+    })?;
     let report = prof.report(warmup);
     println!(
         "adapter {}; {} x {} tokens; {} warm-up + {} profiled steps\n",

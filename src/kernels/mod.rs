@@ -26,6 +26,7 @@ pub mod layernorm;
 pub mod loss_scale;
 pub mod matmul;
 pub mod matmul_coop;
+pub mod named;
 #[cfg(feature = "lab")]
 pub mod peak;
 pub mod random;

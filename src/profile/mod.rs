@@ -42,6 +42,8 @@ pub struct Profiler {
     _guard: tracing::dispatcher::DefaultGuard,
     pub mode: Option<TimingMode>,
     pub steps: Vec<StepRecord>,
+    /// Wall times of steps run without timestamps (`untimed_steps`).
+    pub untimed_ms: Vec<f64>,
 }
 
 impl Profiler {
@@ -55,6 +57,7 @@ impl Profiler {
             _guard: guard,
             mode,
             steps: Vec::new(),
+            untimed_ms: Vec::new(),
         }
     }
 
@@ -88,10 +91,29 @@ impl Profiler {
         Ok(out)
     }
 
+    /// Runs `n` steps (`f` as for `step`) with the GPU timestamps off, each synchronized, and
+    /// keeps their wall times: the step as `bench step` times it, which the report sets beside
+    /// the timed one (what profiling costs). Timestamps are on again after.
+    pub fn untimed_steps<T>(&mut self, n: usize, mut f: impl FnMut() -> Result<T>) -> Result<()> {
+        let dev = self.device.clone();
+        dev.set_gpu_timing(false);
+        for _ in 0..n {
+            dev.sync()?;
+            let t = Instant::now();
+            f()?;
+            dev.sync()?;
+            self.untimed_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        let _ = self.collector.take();
+        self.mode = dev.set_gpu_timing(true);
+        let _ = dev.take_gpu_intervals()?;
+        Ok(())
+    }
+
     /// The report over the recorded steps; the first `warmup` are left out of the steady-state
     /// figures (step 0 is reported on its own).
     pub fn report(&self, warmup: usize) -> ProfileReport {
-        report::build(&self.steps, warmup, self.mode)
+        report::build(&self.steps, warmup, self.mode, &self.untimed_ms)
     }
 }
 

@@ -59,6 +59,10 @@ pub struct ProfileReport {
     pub steps: usize,
     pub warmup: usize,
     pub step_ms: StepStats,
+    /// The same step with no GPU timestamps (`Profiler::untimed_steps`), as `bench step`
+    /// times it: what the profiled step costs beside it is the profiler's own overhead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub untimed_step_ms: Option<StepStats>,
     pub step0_ms: f64,
     pub step0_pipelines_compiled: u64,
     /// Step 0's compiling, summed over the compile workers (several run at once), and how
@@ -130,6 +134,7 @@ pub(super) fn build(
     steps: &[StepRecord],
     warmup: usize,
     timing: Option<TimingMode>,
+    untimed_ms: &[f64],
 ) -> ProfileReport {
     let steady: Vec<&StepRecord> = steps.iter().skip(warmup.max(1)).collect();
     let n = steady.len().max(1) as f64;
@@ -144,6 +149,11 @@ pub(super) fn build(
         median: median(walls.clone()),
         max: walls.iter().copied().fold(0.0, f64::max),
     };
+    let untimed_step_ms = (!untimed_ms.is_empty()).then(|| StepStats {
+        min: untimed_ms.iter().copied().fold(f64::INFINITY, f64::min),
+        median: median(untimed_ms.to_vec()),
+        max: untimed_ms.iter().copied().fold(0.0, f64::max),
+    });
 
     // Dispatch count and GPU ms over the steady steps, by kernel and by kernel, variant and
     // workgroups.
@@ -282,6 +292,7 @@ pub(super) fn build(
         },
         gpu_idle_between_ms: idle_between,
         timing,
+        untimed_step_ms,
         kernels: rows,
         dispatches,
         phases,
@@ -305,6 +316,16 @@ impl ProfileReport {
             self.step0_compile_ms,
             self.step0_compile_wait_ms
         );
+        if let Some(u) = &self.untimed_step_ms {
+            let extra = self.step_ms.median - u.median;
+            let _ = writeln!(
+                s,
+                "untimed (no timestamps, as `bench step` times it): median {:.2} ms; profiling adds {:.2} ms a step ({:+.0}%): the kernels' times below are those of the timed step",
+                u.median,
+                extra,
+                if u.median > 0.0 { extra / u.median * 100.0 } else { 0.0 }
+            );
+        }
         let _ = writeln!(
             s,
             "GPU busy {:.2} ms per step = {:.0}% of the median wall time{}",

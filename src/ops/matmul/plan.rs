@@ -95,18 +95,6 @@ pub trait Tables {
     fn split(&self, key: &ProductKey) -> Option<u32>;
 }
 
-/// No table: the heuristics choose.
-pub struct NoTable;
-
-impl Tables for NoTable {
-    fn tile(&self, _: &ProductKey) -> Option<TileChoice> {
-        None
-    }
-    fn split(&self, _: &ProductKey) -> Option<u32> {
-        None
-    }
-}
-
 /// The kernel a product runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kernel {
@@ -464,6 +452,18 @@ mod tests {
     use crate::kernels::matmul::TILES;
     use crate::kernels::matmul_coop::{COOP_TILES, X3_TILES};
     use std::collections::HashMap;
+
+    /// No table: the heuristics choose.
+    struct NoTable;
+
+    impl Tables for NoTable {
+        fn tile(&self, _: &ProductKey) -> Option<TileChoice> {
+            None
+        }
+        fn split(&self, _: &ProductKey) -> Option<u32> {
+            None
+        }
+    }
 
     /// An NVIDIA GPU as its Vulkan driver reports it (cooperative matrices 16x16x16, 48 KiB
     /// of workgroup memory, 2 GiB bindings).
