@@ -32,7 +32,7 @@ const TEST_VARIABLES: [&str; 1] = ["WGRAD_TEST_SEED"];
 
 /// Switches that measured slower than what replaced them and are gone, with what they set;
 /// docs/decisions.md has a row for each.
-const REMOVED: [&str; 13] = [
+const REMOVED: [&str; 14] = [
     "WGRAD_COOP_WORDS",
     "WGRAD_COOP_SPREAD",
     "WGRAD_COOP_GROUP",
@@ -46,6 +46,7 @@ const REMOVED: [&str; 13] = [
     "WGRAD_ATTN_DIRECT",
     "WGRAD_ATTN_READ",
     "WGRAD_LN_SUM",
+    "WGRAD_LINEAR_CAST",
 ];
 
 /// The environment's variables that concern wgrad (its own, and where the cache goes).
