@@ -4,7 +4,8 @@
 # processes shows). Usage:
 #   benches/reference/ab_steps.sh path/to/base path/to/new [shapes, default 4x128:8,8x512:3]
 # A shape is BxT[:ROUNDS] (3 rounds by default); odd rounds run base first, even rounds new
-# first. Env: FLAGS (default --amp), STEPS (default 40), WARMUP (default 5), OUT (default /tmp).
+# first. Env: PRESET (default distilgpt2), FLAGS (default --amp), STEPS (default 40), WARMUP
+# (default 5), OUT (default /tmp).
 # Prints `shape label round median min dispatches loss`; the JSON of each run, with `bin` and
 # `round` added, goes to $OUT/ab.jsonl (overwritten), the binaries' stderr to $OUT/ab.err; last,
 # each label's median of rounds.
@@ -21,7 +22,7 @@ for s in ${SHAPES//,/ }; do
     order="base new"; [ $((r % 2)) = 0 ] && order="new base"
     for label in $order; do
       bin=$BASE; [ "$label" = new ] && bin=$NEW
-      "$bin" bench step --preset distilgpt2 --batch "$b" --seq "$t" ${FLAGS---amp} \
+      "$bin" bench step --preset "${PRESET:-distilgpt2}" --batch "$b" --seq "$t" ${FLAGS---amp} \
         --steps "${STEPS:-40}" --warmup "${WARMUP:-5}" --json 2>>"$OUT/ab.err" \
         | python3 -c "
 import json, sys
@@ -36,7 +37,8 @@ import collections, json, statistics, sys
 runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     d = json.loads(line)
-    runs[(d['batch'], d['seq'], d['bin'])].append(d['median_ms'])
-for (b, t, label), ms in sorted(runs.items()):
-    print(f"{b}x{t} {label}: median of {len(ms)} rounds {statistics.median(ms):.3f} ms ({min(ms):.3f}-{max(ms):.3f})")
+    runs[(d['model'], d['amp'], d['batch'], d['seq'], d['bin'])].append(d['median_ms'])
+for (model, amp, b, t, label), ms in sorted(runs.items()):
+    amp = " --amp" if amp else ""
+    print(f"{model} {b}x{t}{amp} {label}: median of {len(ms)} rounds {statistics.median(ms):.3f} ms ({min(ms):.3f}-{max(ms):.3f})")
 PY
