@@ -1,5 +1,5 @@
 //! Every variant a training step may run on a given adapter, for the tests that compile and
-//! translate them all (tests/portability.rs) and for `wgrad wgsl --all`.
+//! translate them all (tests/portability.rs).
 
 use super::{
     pre_binding, pre_vectors, CStore, Coop, OperandAccess, Variant, COOP_TILES, MATMUL_COOP,

@@ -9,7 +9,7 @@ pub struct Shipped {
     pub json: &'static str,
 }
 
-/// Every table under `tiles/` (tests/tiles.rs checks the list against the directory).
+/// Every table under `tiles/` (a test checks the list against the directory).
 pub const SHIPPED: &[Shipped] = &[Shipped {
     file: "matmul-tiles-NVIDIA-H100-80GB-HBM3-580.159.04.json",
     json: include_str!("../../../tiles/matmul-tiles-NVIDIA-H100-80GB-HBM3-580.159.04.json"),
@@ -81,6 +81,20 @@ mod tests {
             nearest_shipped(&tables, "GPU B", "Mesa 23"),
             Some((3, false))
         );
+    }
+
+    #[test]
+    fn every_file_under_tiles_is_shipped() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tiles");
+        let mut files: Vec<String> = std::fs::read_dir(&dir)
+            .expect("tiles/")
+            .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+            .filter(|f| f.ends_with(".json"))
+            .collect();
+        files.sort();
+        let mut listed: Vec<String> = SHIPPED.iter().map(|t| t.file.to_string()).collect();
+        listed.sort();
+        assert_eq!(files, listed, "tiles/*.json against SHIPPED");
     }
 
     #[test]
