@@ -7,7 +7,7 @@
 //! tile the product's kernel can run, lists them, keeps the fastest in the adapter's tile table
 //! and writes it to its cache file. Prints a table, or `--json`.
 
-use super::limits::{or_skip, print_skipped, roofs_line};
+use super::limits::{or_skip, percent, print_skipped, roofs_line};
 use serde::Serialize;
 use wgrad::kernels::tuning::{natural_rows_aligned, ProductKey};
 use wgrad::ops::matmul_variant;
@@ -296,7 +296,7 @@ pub fn run(args: &Args) -> Result<()> {
     );
     for r in &report.rows {
         println!(
-            "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9.3} {:>8.2} {:>5.1}% {:>8.1} {:>5.1}%",
+            "{:>6} {:>6} {:>6} {:>5} {:>3} {:<44} {:>9.3} {:>8.2} {:>6} {:>8.1} {:>5.1}%",
             r.m,
             r.n,
             r.k,
@@ -305,7 +305,7 @@ pub fn run(args: &Args) -> Result<()> {
             r.kernel,
             r.ms,
             r.tflops,
-            r.of_compute_roof.map_or(f64::NAN, |x| x * 100.0),
+            percent(r.of_compute_roof),
             r.gbps,
             r.of_copy * 100.0
         );

@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::limits::{or_skip, print_skipped, roofs_line};
+use super::limits::{or_skip, percent, print_skipped, roofs_line};
 use serde::Serialize;
 use wgrad::kernels::tuning::{natural_rows_aligned, ProductKey};
 use wgrad::ops::matmul_variant;
@@ -347,7 +347,7 @@ fn print_tables(r: &Report) {
     );
     for m in &r.matmul {
         println!(
-            "{:>6} {:>6} {:>6} {:>5} {:>4} {:>20} {:>10.3} {:>10.1} {:>6.1}%",
+            "{:>6} {:>6} {:>6} {:>5} {:>4} {:>20} {:>10.3} {:>10.1} {:>7}",
             m.m,
             m.n,
             m.k,
@@ -356,7 +356,7 @@ fn print_tables(r: &Report) {
             m.tile,
             m.ms,
             m.gflops,
-            m.of_fma_roof.map_or(f64::NAN, |r| r * 100.0)
+            percent(m.of_fma_roof)
         );
     }
     println!(

@@ -43,3 +43,8 @@ pub fn roofs_line(c: &Ceilings) -> String {
         ),
     }
 }
+
+/// A share as a percentage, or `-` where there is no roof to share.
+pub fn percent(share: Option<f64>) -> String {
+    share.map_or("-".into(), |s| format!("{:.1}%", s * 100.0))
+}
