@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{assert_close, dev, poison, private_dev, rand_vec, rng, split_sum_dev};
+use common::reference::{gelu, gelu_grad, linear};
+use common::{assert_close, dev, poison, private_dev, rand_vec, rng, split_sum_dev, Arr};
 use wgrad::autograd::gradcheck::{check, Input};
 use wgrad::ops::Activation;
 use wgrad::{Result, Tensor};
@@ -117,19 +118,15 @@ fn linear_gradients_match_finite_differences() -> Result<()> {
             .sum_all()
     };
     let cpu = |v: &[Vec<f64>]| -> f64 {
-        let mut total = 0.0;
-        for i in 0..rows {
-            for j in 0..n {
-                let mut z = v[2][j];
-                for l in 0..k {
-                    z += v[0][i * k + l] * v[1][l * n + j];
-                }
-                let c = (2.0 / std::f64::consts::PI).sqrt();
-                let gelu = 0.5 * z * (1.0 + (c * (z + 0.044715 * z * z * z)).tanh());
-                total += gelu * w_out[i * n + j] as f64;
-            }
-        }
-        total
+        let (x, w, b) = (
+            Arr::new(&[rows, k], v[0].clone()),
+            Arr::new(&[k, n], v[1].clone()),
+            Arr::new(&[n], v[2].clone()),
+        );
+        linear(&x, &w, Some(&b))
+            .map(gelu)
+            .zip(&Arr::from_f32(&[rows, n], &w_out), |y, w| y * w)
+            .sum_all()
     };
     check(dev(), &inputs, gpu, cpu, 1e-3, 1e-3)?;
     Ok(())
@@ -268,23 +265,19 @@ fn a_bias_product_split_into_ranges_of_k_matches_f64() -> Result<()> {
         let bs = rand_vec(&mut r, n + 3, -0.5, 0.5);
         let seed = rand_vec(&mut r, rows * n, -1.0, 1.0);
         // y = x W + b, b = bs[3..]
-        let reference = |xs: &[f32], ws: &[f32]| -> Vec<f64> {
-            (0..rows * n)
-                .map(|e| {
-                    let (i, j) = (e / n, e % n);
-                    let dot: f64 = (0..k)
-                        .map(|l| xs[i * k + l] as f64 * ws[l * n + j] as f64)
-                        .sum();
-                    dot + bs[3 + j] as f64
-                })
-                .collect()
+        let bias = Arr::from_f32(&[n], &bs[3..]);
+        let reference = |xs: &[f32], ws: &[f32]| {
+            let (x, w) = (Arr::from_f32(&[rows, k], xs), Arr::from_f32(&[k, n], ws));
+            linear(&x, &w, Some(&bias)).data
         };
         let want = reference(&xs, &ws);
         let want_half = reference(&round(&xs), &round(&ws));
-        let mut want_db = vec![0.0; n + 3];
-        for (e, &g) in seed.iter().enumerate() {
-            want_db[3 + e % n] += g as f64;
-        }
+        // db: the seed's column sums, 3 elements into the bias's buffer.
+        let want_db = [
+            vec![0.0; 3],
+            Arr::from_f32(&[rows, n], &seed).sum(0, false).data,
+        ]
+        .concat();
         let x = Tensor::from_slice(d, &xs, &[rows, k])?;
         let w = Tensor::from_slice(d, &ws, &[k, n])?;
         for split in [2, 3, 5, 12] {
@@ -351,19 +344,11 @@ fn a_bias_gradient_from_the_dw_product_matches_f64() -> Result<()> {
         let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
         for &half in halves {
             let fold = (half || rows <= 1024) && !(coop && k % 8 != 0);
-            let (x64, g64) = (round(&xs, half), round(&gs, half));
-            let reduced = round(&gs, half && fold);
-            let mut want_dw = vec![0.0; k * n];
-            let mut want_db = vec![0.0; n];
-            for row in 0..rows {
-                for j in 0..n {
-                    let g = g64[row * n + j];
-                    want_db[j] += reduced[row * n + j];
-                    for i in 0..k {
-                        want_dw[i * n + j] += x64[row * k + i] * g;
-                    }
-                }
-            }
+            let x64 = Arr::new(&[rows, k], round(&xs, half));
+            let g64 = Arr::new(&[rows, n], round(&gs, half));
+            let reduced = Arr::new(&[rows, n], round(&gs, half && fold));
+            let want_dw = x64.t().matmul(&g64).data;
+            let want_db = reduced.sum(0, false).data;
             for split in [None, Some(2), Some(5)] {
                 d.force_split(split);
                 let x = Tensor::from_slice(d, &xs, &[rows, k])?;
@@ -435,25 +420,18 @@ fn a_residual_linear_matches_f64() -> Result<()> {
         let rs = rand_vec(&mut r, pad + all * n, -2.0, 2.0);
         let gs = rand_vec(&mut r, all * n, -1.0, 1.0);
         for &half in halves {
-            let (x64, w64) = (round(&xs, half), round(&ws, half));
-            let g64 = round(&gs, false);
-            let mut want_y = vec![0.0; all * n];
-            let mut want_dx = vec![0.0; all * k];
-            let mut want_dw = vec![0.0; k * n];
-            let mut want_db = vec![0.0; n];
+            let x64 = Arr::new(&[all, k], round(&xs, half));
+            let w64 = Arr::new(&[k, n], round(&ws, half));
+            let g64 = Arr::from_f32(&[all, n], &gs);
+            let resid = Arr::from_f32(&[all, n], &rs[pad..]);
+            let want_y = linear(&x64, &w64, Some(&Arr::from_f32(&[n], &bs)))
+                .zip(&resid, |p, q| p + q)
+                .data;
             // Under autocast the backward products round the seed to f16 as well.
-            let gh = round(&gs, half);
-            for row in 0..all {
-                for j in 0..n {
-                    let dot: f64 = (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
-                    want_y[row * n + j] = dot + bs[j] as f64 + rs[pad + row * n + j] as f64;
-                    want_db[j] += g64[row * n + j];
-                    for i in 0..k {
-                        want_dx[row * k + i] += gh[row * n + j] * w64[i * n + j];
-                        want_dw[i * n + j] += x64[row * k + i] * gh[row * n + j];
-                    }
-                }
-            }
+            let gh = Arr::new(&[all, n], round(&gs, half));
+            let want_dx = gh.matmul(&w64.t()).data;
+            let want_dw = x64.t().matmul(&gh).data;
+            let want_db = g64.sum(0, false).data;
             for split in [1, 3] {
                 d.force_split(Some(split));
                 let what = format!(
@@ -516,15 +494,13 @@ fn a_residual_linear_matches_f64() -> Result<()> {
         2 + absmax_dispatches(d, false),
         "a transposed residual"
     );
-    let want: Vec<f64> = (0..rows * n)
-        .map(|e| {
-            let (i, j) = (e / n, e % n);
-            let dot: f64 = (0..k)
-                .map(|l| xs[i * k + l] as f64 * ws[l * n + j] as f64)
-                .sum();
-            dot + bs[j] as f64 + rs[j * rows + i] as f64
-        })
-        .collect();
+    let want = linear(
+        &Arr::from_f32(&[rows, k], &xs),
+        &Arr::from_f32(&[k, n], &ws),
+        Some(&Arr::from_f32(&[n], &bs)),
+    )
+    .zip(&Arr::from_f32(&[n, rows], &rs).t(), |p, q| p + q)
+    .data;
     assert_close(&y.to_vec()?, &want, 1e-4, "a transposed residual");
     // The input as its own residual (one buffer, read by the product and added after it):
     // y = x + x W + b, dx = g + g W^T.
@@ -544,19 +520,16 @@ fn a_residual_linear_matches_f64() -> Result<()> {
         2 + absmax_dispatches(d, false),
         "the input as its residual"
     );
-    let (mut want_y, mut want_dx) = (vec![0.0; rows * n], vec![0.0; rows * n]);
-    for i in 0..rows {
-        for j in 0..n {
-            let dot: f64 = (0..n)
-                .map(|l| xs[i * n + l] as f64 * ws[l * n + j] as f64)
-                .sum();
-            want_y[i * n + j] = xs[i * n + j] as f64 + dot + bv[j] as f64;
-            let back: f64 = (0..n)
-                .map(|l| gs[i * n + l] as f64 * ws[j * n + l] as f64)
-                .sum();
-            want_dx[i * n + j] = gs[i * n + j] as f64 + back;
-        }
-    }
+    let (x64, w64, g64) = (
+        Arr::from_f32(&[rows, n], &xs),
+        Arr::from_f32(&[n, n], &ws),
+        Arr::from_f32(&[rows, n], &gs),
+    );
+    let want_y = x64
+        .zip(&x64.matmul(&w64), |p, q| p + q)
+        .zip(&Arr::from_f32(&[n], &bv), |p, q| p + q)
+        .data;
+    let want_dx = g64.zip(&g64.matmul(&w64.t()), |p, q| p + q).data;
     assert_close(&y.to_vec()?, &want_y, 1e-4, "the input as its residual");
     y.backward_with(&Tensor::from_slice(d, &gs, &[rows, n])?)?;
     let dx = grads(&[x])?.remove(0);
@@ -654,21 +627,13 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
             let rs = rand_vec(&mut r, rows * n, -2.0, 2.0);
             let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
             for &half in halves {
-                let (x64, w64, g64) = (round(&xs, half), round(&ws, half), round(&gs, half));
-                let mut plain = vec![0.0; rows * n];
-                let (mut dw, mut db) = (vec![0.0; k * n], vec![0.0; n]);
-                for row in 0..rows {
-                    for j in 0..n {
-                        plain[row * n + j] =
-                            (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
-                        db[j] += g64[row * n + j];
-                        for i in 0..k {
-                            dw[i * n + j] += x64[row * k + i] * g64[row * n + j];
-                        }
-                    }
-                }
-                let bias: Vec<f64> = (0..rows * n).map(|e| plain[e] + bs[e % n] as f64).collect();
-                let res: Vec<f64> = (0..rows * n).map(|e| bias[e] + rs[e] as f64).collect();
+                let x64 = Arr::new(&[rows, k], round(&xs, half));
+                let w64 = Arr::new(&[k, n], round(&ws, half));
+                let g64 = Arr::new(&[rows, n], round(&gs, half));
+                let bias = linear(&x64, &w64, Some(&Arr::from_f32(&[n], &bs)));
+                let res = bias.zip(&Arr::from_f32(&[rows, n], &rs), |p, q| p + q).data;
+                let (plain, bias) = (x64.matmul(&w64).data, bias.data);
+                let (dw, db) = (x64.t().matmul(&g64).data, g64.sum(0, false).data);
                 let tol = if half { 2e-3 } else { 1e-4 };
                 for split in [2, 3, 5] {
                     let mut counts = Vec::new();
@@ -793,14 +758,6 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
     Ok(())
 }
 
-/// GELU's tanh approximation and its derivative, in f64.
-fn gelu_and_grad(z: f64) -> (f64, f64) {
-    let c = (2.0 / std::f64::consts::PI).sqrt();
-    let t = (c * (z + 0.044715 * z * z * z)).tanh();
-    let dt = (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * z * z);
-    (0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * dt)
-}
-
 /// Under autocast a GELU linear's pre-activation z and dz = g gelu'(z) are stored f16: its
 /// products round dz to f16
 /// as they load it (so dx and dW are those of the rounded dz, as before), and the bias gradient
@@ -820,27 +777,17 @@ fn an_autocast_gelu_linear_stores_dz_in_f16() -> Result<()> {
         let bs = rand_vec(&mut r, n, -0.5, 0.5);
         let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
         for &half in halves {
-            let (x64, w64) = (round(&xs, half), round(&ws, half));
-            let mut want_dx = vec![0.0; rows * k];
-            let mut want_dw = vec![0.0; k * n];
-            let mut want_db = vec![0.0; n];
-            for row in 0..rows {
-                for j in 0..n {
-                    let z: f64 = bs[j] as f64
-                        + (0..k)
-                            .map(|i| x64[row * k + i] * w64[i * n + j])
-                            .sum::<f64>();
-                    // Under autocast z is stored f16 for the backward.
-                    let z = round(&[z as f32], half)[0];
-                    let dz = gs[row * n + j] as f64 * gelu_and_grad(z).1;
-                    let dz = round(&[dz as f32], half)[0];
-                    want_db[j] += dz;
-                    for i in 0..k {
-                        want_dx[row * k + i] += dz * w64[i * n + j];
-                        want_dw[i * n + j] += x64[row * k + i] * dz;
-                    }
-                }
-            }
+            let x64 = Arr::new(&[rows, k], round(&xs, half));
+            let w64 = Arr::new(&[k, n], round(&ws, half));
+            // Under autocast z is stored f16 for the backward, and so is dz.
+            let stored = |v: f64| round(&[v as f32], half)[0];
+            let z = linear(&x64, &w64, Some(&Arr::from_f32(&[n], &bs))).map(stored);
+            let dz = Arr::from_f32(&[rows, n], &gs)
+                .zip(&z, |g, z| g * gelu_grad(z))
+                .map(stored);
+            let want_dx = dz.matmul(&w64.t()).data;
+            let want_dw = x64.t().matmul(&dz).data;
+            let want_db = dz.sum(0, false).data;
             let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
             let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
             let b = Tensor::from_slice(d, &bs, &[n])?.requires_grad();
@@ -900,45 +847,21 @@ fn an_autocast_mlp_stores_z_and_the_gelu_outputs_gradient_in_f16() -> Result<()>
         let b2s = rand_vec(&mut r, m, -0.5, 0.5);
         let gs = rand_vec(&mut r, rows * m, -1.0, 1.0);
         let f16 = |v: f64| round(&[v as f32], true)[0];
-        let (x64, w164, w264, g64) = (
-            round(&xs, true),
-            round(&w1s, true),
-            round(&w2s, true),
-            round(&gs, true),
-        );
+        let x64 = Arr::new(&[rows, k], round(&xs, true));
+        let w164 = Arr::new(&[k, n], round(&w1s, true));
+        let w264 = Arr::new(&[n, m], round(&w2s, true));
+        let g64 = Arr::new(&[rows, m], round(&gs, true));
         // Forward: z (f16 where stored), h = f16(gelu(z)) from the unrounded z.
-        let mut z = vec![0.0; rows * n];
-        let mut h = vec![0.0; rows * n];
-        for row in 0..rows {
-            for j in 0..n {
-                let v = b1s[j] as f64
-                    + (0..k)
-                        .map(|i| x64[row * k + i] * w164[i * n + j])
-                        .sum::<f64>();
-                z[row * n + j] = f16(v);
-                h[row * n + j] = f16(gelu_and_grad(v).0);
-            }
-        }
-        let (mut dx, mut dw1, mut db1) = (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
-        let (mut dw2, mut db2) = (vec![0.0; n * m], vec![0.0; m]);
-        for row in 0..rows {
-            for c in 0..m {
-                let g = g64[row * m + c];
-                db2[c] += g;
-                for j in 0..n {
-                    dw2[j * m + c] += h[row * n + j] * g;
-                }
-            }
-            for j in 0..n {
-                let dh = f16((0..m).map(|c| g64[row * m + c] * w264[j * m + c]).sum());
-                let dz = f16(dh * gelu_and_grad(z[row * n + j]).1);
-                db1[j] += dz;
-                for i in 0..k {
-                    dx[row * k + i] += dz * w164[i * n + j];
-                    dw1[i * n + j] += x64[row * k + i] * dz;
-                }
-            }
-        }
+        let v = linear(&x64, &w164, Some(&Arr::from_f32(&[n], &b1s)));
+        let (z, h) = (v.map(f16), v.map(|v| f16(gelu(v))));
+        let (dw2, db2) = (h.t().matmul(&g64).data, g64.sum(0, false).data);
+        let dh = g64.matmul(&w264.t()).map(f16);
+        let dz = dh.zip(&z, |dh, z| f16(dh * gelu_grad(z)));
+        let (dx, dw1, db1) = (
+            dz.matmul(&w164.t()).data,
+            x64.t().matmul(&dz).data,
+            dz.sum(0, false).data,
+        );
         let x = Tensor::from_slice(d, &xs, &[2, rows / 2, k])?.requires_grad();
         let w1 = Tensor::from_slice(d, &w1s, &[k, n])?.requires_grad();
         let b1 = Tensor::from_slice(d, &b1s, &[n])?.requires_grad();
@@ -990,31 +913,19 @@ fn an_autocast_gelu_output_read_twice_keeps_its_gradient_f32() -> Result<()> {
     let bs = rand_vec(&mut r, m, -0.5, 0.5);
     let gs = rand_vec(&mut r, rows * m, -1.0, 1.0);
     let f16 = |v: f64| round(&[v as f32], true)[0];
-    let (x64, w164, w264, w364, g64) = (
-        round(&xs, true),
-        round(&w1s, true),
-        round(&w2s, true),
-        round(&w3s, true),
-        round(&gs, true),
+    let x64 = Arr::new(&[rows, k], round(&xs, true));
+    let w164 = Arr::new(&[k, n], round(&w1s, true));
+    let w264 = Arr::new(&[n, m], round(&w2s, true));
+    let w364 = Arr::new(&[n, m], round(&w3s, true));
+    let g64 = Arr::new(&[rows, m], round(&gs, true));
+    let z = linear(&x64, &w164, Some(&Arr::from_f32(&[n], &b1s)));
+    let dh = g64.matmul(&w264.zip(&w364, |p, q| p + q).t());
+    let dz = dh.zip(&z, |dh, z| f16(dh * gelu_grad(f16(z))));
+    let (dx, dw1, db1) = (
+        dz.matmul(&w164.t()).data,
+        x64.t().matmul(&dz).data,
+        dz.sum(0, false).data,
     );
-    let (mut dx, mut dw1, mut db1) = (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
-    for row in 0..rows {
-        for j in 0..n {
-            let z = b1s[j] as f64
-                + (0..k)
-                    .map(|i| x64[row * k + i] * w164[i * n + j])
-                    .sum::<f64>();
-            let dh: f64 = (0..m)
-                .map(|c| g64[row * m + c] * (w264[j * m + c] + w364[j * m + c]))
-                .sum();
-            let dz = f16(dh * gelu_and_grad(f16(z)).1);
-            db1[j] += dz;
-            for i in 0..k {
-                dx[row * k + i] += dz * w164[i * n + j];
-                dw1[i * n + j] += x64[row * k + i] * dz;
-            }
-        }
-    }
     let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
     let w1 = Tensor::from_slice(d, &w1s, &[k, n])?.requires_grad();
     let b1 = Tensor::from_slice(d, &b1s, &[n])?.requires_grad();
@@ -1051,18 +962,14 @@ fn a_linears_dx_is_encoded_beside_its_split_dw() -> Result<()> {
     let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
     let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
     let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
-    let (mut want_dx, mut want_dw, mut want_db) =
-        (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
-    for row in 0..rows {
-        for j in 0..n {
-            let g = gs[row * n + j] as f64;
-            want_db[j] += g;
-            for i in 0..k {
-                want_dw[i * n + j] += xs[row * k + i] as f64 * g;
-                want_dx[row * k + i] += g * ws[i * n + j] as f64;
-            }
-        }
-    }
+    let (x64, w64, g64) = (
+        Arr::from_f32(&[rows, k], &xs),
+        Arr::from_f32(&[k, n], &ws),
+        Arr::from_f32(&[rows, n], &gs),
+    );
+    let want_dx = g64.matmul(&w64.t()).data;
+    let want_dw = x64.t().matmul(&g64).data;
+    let want_db = g64.sum(0, false).data;
     d.force_split(Some(3));
     let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
     let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();

@@ -17,6 +17,7 @@
 
 mod common;
 
+use common::reference::{gelu, sigmoid};
 use common::*;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -209,11 +210,6 @@ fn check_unary(name: &str, dom: Dom, gpu: impl Fn(&Tensor) -> R, cpu: impl Fn(f6
     all_pass(results);
 }
 
-fn gelu_ref(x: f64) -> f64 {
-    let k = (2.0 / std::f64::consts::PI).sqrt();
-    0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
-}
-
 #[test]
 fn grad_neg() {
     check_unary("neg", Dom::Sym(2.0), |x| x.neg(), |x| -x);
@@ -266,17 +262,12 @@ fn grad_tanh() {
 
 #[test]
 fn grad_sigmoid() {
-    check_unary(
-        "sigmoid",
-        Dom::Sym(4.0),
-        |x| x.sigmoid(),
-        |x| 1.0 / (1.0 + (-x).exp()),
-    );
+    check_unary("sigmoid", Dom::Sym(4.0), |x| x.sigmoid(), sigmoid);
 }
 
 #[test]
 fn grad_gelu() {
-    check_unary("gelu", Dom::Sym(3.0), |x| x.gelu(), gelu_ref);
+    check_unary("gelu", Dom::Sym(3.0), |x| x.gelu(), gelu);
 }
 
 #[test]
@@ -983,7 +974,7 @@ fn grad_transpose() {
                 y.mul(&y)
             },
             |a| {
-                let s = a[0].map(|v| 1.0 / (1.0 + (-v).exp())).t();
+                let s = a[0].map(sigmoid).t();
                 s.zip(&s, |x, y| x * y)
             },
         ),

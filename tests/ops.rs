@@ -6,6 +6,7 @@
 
 mod common;
 
+use common::reference::{gelu, linear, sigmoid};
 use common::*;
 use rand::rngs::StdRng;
 use rand::Rng;
@@ -207,15 +208,6 @@ fn check_binary(
     );
 }
 
-fn gelu_ref(x: f64) -> f64 {
-    let k = (2.0 / std::f64::consts::PI).sqrt();
-    0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
-}
-
-fn sigmoid_ref(x: f64) -> f64 {
-    1.0 / (1.0 + (-x).exp())
-}
-
 // ------------------------------------------------------------------------------------------
 // Unary ops.
 
@@ -266,12 +258,12 @@ fn unary_tanh_including_saturation() {
 
 #[test]
 fn unary_sigmoid_including_saturation() {
-    check_unary("sigmoid", Dom::Sym(30.0), |x| x.sigmoid(), sigmoid_ref);
+    check_unary("sigmoid", Dom::Sym(30.0), |x| x.sigmoid(), sigmoid);
 }
 
 #[test]
 fn unary_gelu_tanh_approximation() {
-    check_unary("gelu", Dom::Sym(6.0), |x| x.gelu(), gelu_ref);
+    check_unary("gelu", Dom::Sym(6.0), |x| x.gelu(), gelu);
 }
 
 #[test]
@@ -1040,7 +1032,7 @@ fn f32_products_keep_f32_precision_at_any_magnitude() {
         };
         let what = format!("f32 product {m}x{k}x{n}, A 2^{sa}, B 2^{sb}, B transposed {tb}");
         let plain = worst_row_error(&x.matmul(&y).unwrap(), &a.matmul(&b));
-        let want = a.matmul(&b).zip(&bias.broadcast_to(&[m, n]), |p, q| p + q);
+        let want = linear(&a, &b, Some(&bias));
         let biased = worst_row_error(
             &x.linear(&y, Some(&bias.upload(d)), wgrad::ops::Activation::None)
                 .unwrap(),
@@ -2768,9 +2760,7 @@ fn vector_reads_match_f64_on_every_layout() {
                     y.square().unwrap().sum_all().unwrap().backward().unwrap();
                     vec![y, w.grad().unwrap(), b.grad().unwrap()]
                 });
-                let y = xa
-                    .matmul(&wa)
-                    .zip(&ba.broadcast_to(&[rows, c_out]), |p, q| p + q);
+                let y = linear(&xa, &wa, Some(&ba));
                 let dz = y.map(|v| 2.0 * v);
                 let what = format!(
                     "tile {} split {split:?}: linear {rows}x{c_in}x{c_out}, narrow {narrow}",
