@@ -192,3 +192,56 @@ impl Arr {
         })
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// LayerNorm.
+
+/// The per-row statistics of LayerNorm over rows of `cols`: the mean and 1 / sqrt(var + eps)
+/// with the biased variance (divided by `cols`, as the kernel), two passes.
+fn layer_norm_stats(row: &[f64], eps: f64) -> (f64, f64) {
+    let n = row.len() as f64;
+    let mean = row.iter().sum::<f64>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// LayerNorm over the last axis (C = gamma's length): y = (x - mean) / sqrt(var + eps) * gamma
+/// + beta, with the biased variance.
+pub fn layer_norm(x: &Arr, gamma: &Arr, beta: &Arr, eps: f64) -> Arr {
+    let cols = gamma.numel();
+    let mut y = Vec::with_capacity(x.numel());
+    for row in x.data.chunks(cols) {
+        let (mean, rstd) = layer_norm_stats(row, eps);
+        for (c, v) in row.iter().enumerate() {
+            y.push((v - mean) * rstd * gamma.data[c] + beta.data[c]);
+        }
+    }
+    Arr::new(&x.shape, y)
+}
+
+/// The gradients [dx, dgamma, dbeta] of sum(layer_norm(x, gamma, beta) * dy): with xhat the
+/// normalized row and dxhat = dy gamma, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat
+/// xhat)); dgamma = sum over rows of dy xhat; dbeta = sum over rows of dy.
+pub fn layer_norm_backward(x: &Arr, gamma: &Arr, dy: &Arr, eps: f64) -> [Arr; 3] {
+    let cols = gamma.numel();
+    let n = cols as f64;
+    let mut dx = Vec::with_capacity(x.numel());
+    let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
+    for (row, dy) in x.data.chunks(cols).zip(dy.data.chunks(cols)) {
+        let (mean, rstd) = layer_norm_stats(row, eps);
+        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let dxhat: Vec<f64> = dy.iter().zip(&gamma.data).map(|(d, g)| d * g).collect();
+        let m1 = dxhat.iter().sum::<f64>() / n;
+        let m2 = dxhat.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n;
+        for c in 0..cols {
+            dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
+            dgamma[c] += dy[c] * xhat[c];
+            dbeta[c] += dy[c];
+        }
+    }
+    [
+        Arr::new(&x.shape, dx),
+        Arr::new(&gamma.shape, dgamma),
+        Arr::new(&gamma.shape, dbeta),
+    ]
+}
