@@ -245,3 +245,107 @@ pub fn layer_norm_backward(x: &Arr, gamma: &Arr, dy: &Arr, eps: f64) -> [Arr; 3]
         Arr::new(&gamma.shape, dbeta),
     ]
 }
+
+// ------------------------------------------------------------------------------------------
+// Cross-entropy.
+
+/// Cross-entropy of logits (..., V) against one target per row, averaged over the rows whose
+/// target is not `ignore`: loss = mean over those rows of lse(x) - x[target], with lse the
+/// max-subtracted log-sum-exp; and dlogits = (softmax(x) - onehot(target)) / rows counted (0
+/// on ignored rows).
+pub fn cross_entropy(logits: &Arr, targets: &[u32], ignore: Option<u32>) -> (f64, Arr) {
+    let v = *logits.shape.last().expect("rank >= 1");
+    let x = &logits.data;
+    let n_valid = targets.iter().filter(|&&t| Some(t) != ignore).count() as f64;
+    let mut loss = 0.0;
+    let mut grad = vec![0.0; x.len()];
+    for (r, row) in x.chunks(v).enumerate() {
+        let t = targets[r];
+        if Some(t) == ignore {
+            continue;
+        }
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + row.iter().map(|&a| (a - m).exp()).sum::<f64>().ln();
+        loss += lse - row[t as usize];
+        for (j, &a) in row.iter().enumerate() {
+            let onehot = if j == t as usize { 1.0 } else { 0.0 };
+            grad[r * v + j] = ((a - lse).exp() - onehot) / n_valid;
+        }
+    }
+    (loss / n_valid, Arr::new(&logits.shape, grad))
+}
+
+// ------------------------------------------------------------------------------------------
+// Attention.
+
+/// Causal scaled dot-product attention of (B, H, T, D) q, k, v: O[i] = sum over keys j <= i
+/// of softmax_j(q_i . k_j / sqrt(D)) v_j, row by row (max-subtracted).
+pub fn causal_attention(q: &Arr, k: &Arr, v: &Arr) -> Arr {
+    let [b, h, t, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0.0; b * h * t * d];
+    fn row(a: &Arr, bh: usize, i: usize) -> &[f64] {
+        let d = a.shape[3];
+        &a.data[(bh * a.shape[2] + i) * d..][..d]
+    }
+    for bh in 0..b * h {
+        let row = |a, i| row(a, bh, i);
+        for i in 0..t {
+            let s: Vec<f64> = (0..=i)
+                .map(|j| {
+                    scale
+                        * row(q, i)
+                            .iter()
+                            .zip(row(k, j))
+                            .map(|(x, y)| x * y)
+                            .sum::<f64>()
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = p.iter().sum();
+            for (j, pj) in p.iter().enumerate() {
+                for (o, x) in out[(bh * t + i) * d..][..d].iter_mut().zip(row(v, j)) {
+                    *o += pj / l * x;
+                }
+            }
+        }
+    }
+    Arr::new(&q.shape, out)
+}
+
+// ------------------------------------------------------------------------------------------
+// Optimizer.
+
+/// AdamW as PyTorch writes it, in f64: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+/// p = p (1 - lr wd) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), wd 0 where an
+/// element does not decay.
+pub struct CpuAdamW {
+    pub m: Vec<f64>,
+    pub v: Vec<f64>,
+    pub t: i32,
+}
+
+impl CpuAdamW {
+    /// One step over `p` (flattened) with gradient `g`, a decay flag per element, clipping
+    /// already applied by the caller.
+    pub fn step(
+        &mut self,
+        p: &mut [f64],
+        g: &[f64],
+        decay: &[bool],
+        lr: f64,
+        c: &wgrad::optim::AdamWConfig,
+    ) {
+        self.t += 1;
+        let (b1, b2) = (c.betas.0 as f64, c.betas.1 as f64);
+        for i in 0..p.len() {
+            self.m[i] = b1 * self.m[i] + (1.0 - b1) * g[i];
+            self.v[i] = b2 * self.v[i] + (1.0 - b2) * g[i] * g[i];
+            let mhat = self.m[i] / (1.0 - b1.powi(self.t));
+            let vhat = self.v[i] / (1.0 - b2.powi(self.t));
+            let wd = if decay[i] { c.weight_decay as f64 } else { 0.0 };
+            p[i] = p[i] * (1.0 - lr * wd) - lr * mhat / (vhat.sqrt() + c.eps as f64);
+        }
+    }
+}
