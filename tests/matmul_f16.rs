@@ -433,7 +433,7 @@ fn f16_tiles_inside_c_whole_steps_ragged_k_and_splits() {
 /// Products with tiles inside C, a ragged last step of K and tiles on both of C's edges on every
 /// cooperative-matrix tile a search may choose (one and two stages, BK 32 and 64), whole and in
 /// 2 ranges of K, set in the device's tile table; without cooperative matrices, the heuristic's
-/// tile alone (the tiled kernel's tiles are checked in ops.rs).
+/// tile alone (the tiled kernel's tiles are checked in tests/ops/tuning.rs).
 #[test]
 fn f16_whole_steps_on_every_cooperative_tile() {
     let d = dev();
