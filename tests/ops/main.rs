@@ -8,17 +8,23 @@
 //! One test binary, a module per op family: elementwise ops (unary, scalar, binary,
 //! comparisons, where), reductions, softmax, matmul, gather (index_select), views, tensor
 //! creation (empty and one-element tensors, random draws), errors, the runtime (laziness, pool
-//! reuse, hazards, threads), the harness itself, the matmul tile search. Each family's module
-//! says what it checks.
+//! reuse, hazards, threads), the harness itself, the matmul tile search; and the fused ops:
+//! linear (and its products split into ranges of K), LayerNorm, cross-entropy, causal
+//! attention. Each family's module says what it checks.
 
 #[path = "../common/mod.rs"]
 mod common;
 
+mod attention;
 mod create;
+mod cross_entropy;
 mod elementwise;
 mod errors;
 mod gather;
 mod harness;
+mod layernorm;
+mod linear;
+mod linear_split;
 mod matmul;
 mod reduce;
 mod runtime;

@@ -6,10 +6,8 @@
 //! workgroup-memory reduction path; its dispatch counts; and dgamma and dbeta summed in the
 //! backward's own dispatch against f64, run after run.
 
-mod common;
-
-use common::reference::{layer_norm, layer_norm_backward};
-use common::*;
+use crate::common::reference::{layer_norm, layer_norm_backward};
+use crate::common::*;
 use rand::rngs::StdRng;
 use wgrad::autograd::gradcheck::{self, Input};
 use wgrad::{DType, Device, Error, Result, Tensor};

@@ -4,10 +4,8 @@
 //! finite differences; ignore_index; errors; gradient accumulation and an upstream gradient
 //! other than 1; and its dispatch counts.
 
-mod common;
-
-use common::reference::cross_entropy;
-use common::*;
+use crate::common::reference::cross_entropy;
+use crate::common::*;
 use rand::rngs::StdRng;
 use rand::Rng;
 use wgrad::autograd::gradcheck::{self, Input};

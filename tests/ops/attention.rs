@@ -7,10 +7,8 @@
 //! Shapes: q, k, v, O are (B, H, T, D); sizes are odd on purpose (T not a multiple of any
 //! block, D not a multiple of 4, D below its padded head dim).
 
-mod common;
-
-use common::reference::causal_attention;
-use common::*;
+use crate::common::reference::causal_attention;
+use crate::common::*;
 use wgrad::autograd::gradcheck::{self, Input};
 use wgrad::kernels::attention::{head_dim_bucket, spec, tile, Pass, HEAD_DIMS};
 use wgrad::{Error, Result, Tensor};
