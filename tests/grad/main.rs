@@ -1,9 +1,10 @@
 //! Gradient checks of every op's backward rule: the gradients `backward` records on the GPU
-//! (f32) against central finite differences of a CPU f64 reference (`common::Arr`), through
-//! `wgrad::autograd::gradcheck::check`. Each checked scalar is `sum(f(inputs) * w)` with a
-//! fixed random weight `w` of f's output shape, so every output element carries a distinct
-//! upstream gradient. Inputs are kept inside each op's domain and at least 0.1 from its kinks
-//! (relu, abs, max/min, clamp), and extrema of max/min reductions are unique.
+//! (f32) against central finite differences of a CPU f64 reference (`common::reference`, on
+//! `common::Arr`), through `wgrad::autograd::gradcheck::check`. Each checked scalar is
+//! `sum(f(inputs) * w)` with a fixed random weight `w` of f's output shape, so every output
+//! element carries a distinct upstream gradient. Inputs are kept inside each op's domain and
+//! at least 0.1 from its kinks (relu, abs, max/min, clamp), and extrema of max/min reductions
+//! are unique.
 //!
 //! Then, outside gradcheck: accumulation of a leaf used several times, persistence of
 //! gradients across backward calls and `zero_grad` (through every kind of kernel that writes a
