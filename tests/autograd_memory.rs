@@ -2,6 +2,9 @@
 //! peak stays flat, and the graph (with every saved tensor) is released by backward; a
 //! residual's gradient takes the branch's contribution in place.
 
+mod common;
+
+use common::Arr;
 use wgrad::{no_grad, Device, Result, Tensor};
 
 /// One step of a small MLP with a shared weight (used twice: its gradient accumulates).
@@ -141,22 +144,19 @@ fn a_residual_gradient_takes_the_branch_in_place() -> Result<()> {
     // dx = (r + (r * (1 - t^2)) W^T) * (1 - a^2), t = tanh(a W).
     let (xs, ws, rs) = (x.to_vec()?, w.to_vec()?, r.to_vec()?);
     let got = x.grad().expect("reached by backward").to_vec()?;
+    let (xa, wa, ra) = (
+        Arr::from_f32(&[n, c], &xs),
+        Arr::from_f32(&[c, c], &ws),
+        Arr::from_f32(&[n, c], &rs),
+    );
+    let a = xa.map(f64::tanh);
+    let t = a.matmul(&wa).map(f64::tanh);
+    let branch = ra.zip(&t, |r, t| r * (1.0 - t * t)).matmul(&wa.t());
+    let da = ra.zip(&branch, |r, b| r + b);
+    let want = da.zip(&a, |d, a| d * (1.0 - a * a));
     for i in 0..n {
-        let a: Vec<f64> = (0..c).map(|k| (xs[i * c + k] as f64).tanh()).collect();
-        let t: Vec<f64> = (0..c)
-            .map(|j| {
-                (0..c)
-                    .map(|k| a[k] * ws[k * c + j] as f64)
-                    .sum::<f64>()
-                    .tanh()
-            })
-            .collect();
         for k in 0..c {
-            let da = rs[i * c + k] as f64
-                + (0..c)
-                    .map(|j| rs[i * c + j] as f64 * (1.0 - t[j] * t[j]) * ws[k * c + j] as f64)
-                    .sum::<f64>();
-            let want = da * (1.0 - a[k] * a[k]);
+            let want = want.at(&[i, k]);
             let err = (got[i * c + k] as f64 - want).abs() / want.abs().max(1.0);
             assert!(err < 1e-5, "dx[{i}, {k}]: {} vs {want}", got[i * c + k]);
         }

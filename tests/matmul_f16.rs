@@ -12,6 +12,7 @@
 
 mod common;
 
+use common::reference::{gelu, gelu_grad, linear};
 use common::*;
 use rand::rngs::StdRng;
 use wgrad::kernels::matmul::{choose_tile, TILES};
@@ -174,9 +175,7 @@ fn bias_product(rng: &mut StdRng, m: usize, k: usize, n: usize) -> (Arr, Arr, Ar
     let x = Arr::rand(rng, &[m, k], -1.0, 1.0);
     let w = Arr::rand(rng, &[k, n], -0.3, 0.3);
     let bias = Arr::rand(rng, &[n], -0.5, 0.5);
-    let z = round_f16(&x)
-        .matmul(&round_f16(&w))
-        .zip(&bias.reshape(&[1, n]).broadcast_to(&[m, n]), |p, b| p + b);
+    let z = linear(&round_f16(&x), &round_f16(&w), Some(&bias));
     (x, w, bias, z)
 }
 
@@ -186,9 +185,6 @@ fn f16_outputs_epilogues_and_accumulation() {
     let mut rng = rng("f16 matmul epilogue");
     let (m, k, n) = (37, 70, 29);
     let (x, w, bias, z) = bias_product(&mut rng, m, k, n);
-    let gelu = |v: f64| {
-        0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh())
-    };
     let (xt, wt, bt) = (x.upload(d), upload_as(d, &w, DType::F16), bias.upload(d));
     for (act, want) in [
         (Activation::None, z.clone()),
@@ -226,12 +222,6 @@ fn f16_outputs_epilogues_and_accumulation() {
 fn gelu_products_inside_and_on_the_edge() {
     let d = dev();
     let mut rng = rng("f16 matmul gelu direct");
-    let k0 = (2.0 / std::f64::consts::PI).sqrt();
-    let gelu = |v: f64| 0.5 * v * (1.0 + (k0 * (v + 0.044715 * v * v * v)).tanh());
-    let dgelu = |v: f64| {
-        let t = (k0 * (v + 0.044715 * v * v * v)).tanh();
-        0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * k0 * (1.0 + 3.0 * 0.044715 * v * v)
-    };
     for (m, k, n) in [(150, 96, 160), (256, 64, 256), (130, 32, 130)] {
         let (x, w, bias, z) = bias_product(&mut rng, m, k, n);
         let (wt, bt) = (upload_as(d, &w, DType::F16), bias.upload(d));
@@ -255,7 +245,7 @@ fn gelu_products_inside_and_on_the_edge() {
             if dtype == DType::F32 {
                 let g = Arr::rand(&mut rng, &[m, n], -1.0, 1.0);
                 y.backward_with(&g.upload(d)).unwrap();
-                let dz = g.zip(&z, |g, v| g * dgelu(v));
+                let dz = g.zip(&z, |g, v| g * gelu_grad(v));
                 let dx = dz.matmul(&w.map(|v| half::f16::from_f64(v).to_f64()).t());
                 check(
                     &xl.grad().unwrap(),
@@ -443,7 +433,7 @@ fn f16_tiles_inside_c_whole_steps_ragged_k_and_splits() {
 /// Products with tiles inside C, a ragged last step of K and tiles on both of C's edges on every
 /// cooperative-matrix tile a search may choose (one and two stages, BK 32 and 64), whole and in
 /// 2 ranges of K, set in the device's tile table; without cooperative matrices, the heuristic's
-/// tile alone (the tiled kernel's tiles are checked in ops.rs).
+/// tile alone (the tiled kernel's tiles are checked in tests/ops/tuning.rs).
 #[test]
 fn f16_whole_steps_on_every_cooperative_tile() {
     let d = dev();

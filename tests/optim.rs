@@ -3,33 +3,11 @@
 
 mod common;
 
+use common::reference::CpuAdamW;
 use common::{assert_close, private_dev, rand_vec, rng};
 use wgrad::nn::{ParamSpec, Parameters};
 use wgrad::optim::{AdamW, AdamWConfig};
 use wgrad::{Result, Tensor};
-
-struct CpuAdamW {
-    m: Vec<f64>,
-    v: Vec<f64>,
-    t: i32,
-}
-
-impl CpuAdamW {
-    /// One step over `p` (flattened) with gradient `g`, a decay flag per element, clipping
-    /// already applied by the caller.
-    fn step(&mut self, p: &mut [f64], g: &[f64], decay: &[bool], lr: f64, c: &AdamWConfig) {
-        self.t += 1;
-        let (b1, b2) = (c.betas.0 as f64, c.betas.1 as f64);
-        for i in 0..p.len() {
-            self.m[i] = b1 * self.m[i] + (1.0 - b1) * g[i];
-            self.v[i] = b2 * self.v[i] + (1.0 - b2) * g[i] * g[i];
-            let mhat = self.m[i] / (1.0 - b1.powi(self.t));
-            let vhat = self.v[i] / (1.0 - b2.powi(self.t));
-            let wd = if decay[i] { c.weight_decay as f64 } else { 0.0 };
-            p[i] = p[i] * (1.0 - lr * wd) - lr * mhat / (vhat.sqrt() + c.eps as f64);
-        }
-    }
-}
 
 fn run(clip: Option<f32>) -> Result<()> {
     let dev = private_dev();

@@ -1,13 +1,16 @@
 //! Shared helpers of the integration tests: one Device per test binary, seeded random inputs,
-//! a CPU f64 reference (`Arr`: row-major f64 arrays with views, broadcasting, matmul,
-//! reductions, softmax, gather), output poisoning, `assert_close`, the loss and gradients of
-//! a function of leaves (`loss_grads`), and the workgroup memory a WGSL variant declares.
+//! `Arr` (row-major f64 arrays with views and broadcasting, the operands of the CPU f64
+//! references), the references themselves (`reference`: one per op), output poisoning,
+//! `assert_close`, the loss and gradients of a function of leaves (`loss_grads`), and the
+//! workgroup memory a WGSL variant declares.
 //!
 //! Error metric of `assert_close`: |got - want| / max(|want|, 1), i.e. relative error for
 //! values of magnitude 1 or more and absolute error below that. A non-finite `got` passes only
 //! when `want` is the same infinity (NaN never passes).
 
 #![allow(dead_code)]
+
+pub mod reference;
 
 use std::sync::OnceLock;
 
@@ -190,7 +193,7 @@ pub fn check_rel_norm(t: &Tensor, want: &Arr, tol: f64, what: &str) {
 }
 
 // ------------------------------------------------------------------------------------------
-// CPU f64 reference.
+// f64 arrays: the operands of the CPU f64 references (`reference`, which adds the ops).
 
 pub fn contiguous_strides(shape: &[usize]) -> Vec<usize> {
     let mut s = vec![1; shape.len()];
@@ -360,28 +363,6 @@ impl Arr {
         )
     }
 
-    /// `cond != 0 ? x : y`, all broadcast.
-    pub fn where_cond(cond: &Arr, x: &Arr, y: &Arr) -> Arr {
-        let shape = broadcast_shapes(&broadcast_shapes(&cond.shape, &x.shape), &y.shape);
-        let (c, x, y) = (
-            cond.broadcast_to(&shape),
-            x.broadcast_to(&shape),
-            y.broadcast_to(&shape),
-        );
-        Arr::new(
-            &shape,
-            (0..c.numel())
-                .map(|i| {
-                    if c.data[i] != 0.0 {
-                        x.data[i]
-                    } else {
-                        y.data[i]
-                    }
-                })
-                .collect(),
-        )
-    }
-
     /// Folds `dim` with `f` from `init`, then `post(acc, len)`.
     pub fn reduce(
         &self,
@@ -409,105 +390,6 @@ impl Arr {
             shape.remove(dim);
             out.reshape(&shape)
         }
-    }
-
-    pub fn sum(&self, dim: usize, keepdim: bool) -> Arr {
-        self.reduce(dim, keepdim, 0.0, |a, x| a + x, |a, _| a)
-    }
-
-    pub fn mean(&self, dim: usize, keepdim: bool) -> Arr {
-        self.reduce(dim, keepdim, 0.0, |a, x| a + x, |a, n| a / n as f64)
-    }
-
-    pub fn max(&self, dim: usize, keepdim: bool) -> Arr {
-        self.reduce(dim, keepdim, f64::NEG_INFINITY, f64::max, |a, _| a)
-    }
-
-    pub fn min(&self, dim: usize, keepdim: bool) -> Arr {
-        self.reduce(dim, keepdim, f64::INFINITY, f64::min, |a, _| a)
-    }
-
-    pub fn sum_all(&self) -> f64 {
-        self.data.iter().sum()
-    }
-
-    pub fn mean_all(&self) -> f64 {
-        self.sum_all() / self.numel() as f64
-    }
-
-    pub fn max_all(&self) -> f64 {
-        self.data.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-    }
-
-    pub fn min_all(&self) -> f64 {
-        self.data.iter().copied().fold(f64::INFINITY, f64::min)
-    }
-
-    /// Softmax (or log-softmax) over the last axis, max-subtracted.
-    pub fn softmax(&self, log: bool) -> Arr {
-        let cols = *self.shape.last().expect("rank >= 1");
-        let mut out = Vec::with_capacity(self.numel());
-        if cols > 0 {
-            for row in self.data.chunks(cols) {
-                let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let s: f64 = row.iter().map(|&x| (x - m).exp()).sum();
-                for &x in row {
-                    out.push(if log {
-                        x - m - s.ln()
-                    } else {
-                        (x - m).exp() / s
-                    });
-                }
-            }
-        }
-        Arr::new(&self.shape, out)
-    }
-
-    /// (..., M, K) @ (..., K, N) with broadcast batch dims.
-    pub fn matmul(&self, other: &Arr) -> Arr {
-        let (ar, br) = (self.rank(), other.rank());
-        let (m, k) = (self.shape[ar - 2], self.shape[ar - 1]);
-        let (k2, n) = (other.shape[br - 2], other.shape[br - 1]);
-        assert_eq!(k, k2, "reference matmul: inner dims");
-        let batch = broadcast_shapes(&self.shape[..ar - 2], &other.shape[..br - 2]);
-        let mut a_shape = batch.clone();
-        a_shape.extend([m, k]);
-        let mut b_shape = batch.clone();
-        b_shape.extend([k, n]);
-        let a = self.broadcast_to(&a_shape);
-        let b = other.broadcast_to(&b_shape);
-        let nb: usize = batch.iter().product();
-        let mut out = vec![0.0; nb * m * n];
-        for bi in 0..nb {
-            let (ab, bb, cb) = (&a.data[bi * m * k..], &b.data[bi * k * n..], bi * m * n);
-            for i in 0..m {
-                for j in 0..n {
-                    let mut acc = 0.0;
-                    for kk in 0..k {
-                        acc += ab[i * k + kk] * bb[kk * n + j];
-                    }
-                    out[cb + i * n + j] = acc;
-                }
-            }
-        }
-        let mut shape = batch;
-        shape.extend([m, n]);
-        Arr::new(&shape, out)
-    }
-
-    /// Entries `idx` of `dim`; an index past the end gives 0 (as the engine documents).
-    pub fn index_select(&self, dim: usize, idx: &[u32]) -> Arr {
-        let mut shape = self.shape.clone();
-        shape[dim] = idx.len();
-        Arr::build(&shape, |c| {
-            let j = idx[c[dim]] as usize;
-            if j >= self.shape[dim] {
-                return 0.0;
-            }
-            let mut src = c.to_vec();
-            src[dim] = j;
-            self.at(&src)
-        })
     }
 }
 

@@ -6,28 +6,13 @@
 //! workgroup-memory reduction path; its dispatch counts; and dgamma and dbeta summed in the
 //! backward's own dispatch against f64, run after run.
 
-mod common;
-
-use common::*;
+use crate::common::reference::{layer_norm, layer_norm_backward};
+use crate::common::*;
 use rand::rngs::StdRng;
 use wgrad::autograd::gradcheck::{self, Input};
 use wgrad::{DType, Device, Error, Result, Tensor};
 
 const EPS: f32 = 1e-5;
-
-/// LayerNorm over rows of `cols` in f64 (biased variance, as the kernel).
-fn ln_ref(x: &[f64], gamma: &[f64], beta: &[f64], cols: usize) -> Vec<f64> {
-    let mut y = Vec::with_capacity(x.len());
-    for row in x.chunks(cols) {
-        let mean = row.iter().sum::<f64>() / cols as f64;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
-        let rstd = 1.0 / (var + EPS as f64).sqrt();
-        for (c, v) in row.iter().enumerate() {
-            y.push((v - mean) * rstd * gamma[c] + beta[c]);
-        }
-    }
-    y
-}
 
 /// x (shape), gamma, beta (C): x around 3 (a mean far from 0 tests the two-pass variance).
 fn inputs(rng: &mut StdRng, shape: &[usize]) -> (Arr, Arr, Arr) {
@@ -46,7 +31,7 @@ fn forward_matches_f64_reference_at_odd_sizes() -> Result<()> {
     for cols in [1, 7, 255, 768, 1000, 1030, 2100] {
         for shape in [vec![1, cols], vec![5, cols], vec![3, 11, cols]] {
             let (x, gamma, beta) = inputs(&mut rng, &shape);
-            let want = Arr::new(&shape, ln_ref(&x.data, &gamma.data, &beta.data, cols));
+            let want = layer_norm(&x, &gamma, &beta, EPS as f64);
             poison(d, x.numel());
             let y = x
                 .upload(d)
@@ -63,7 +48,7 @@ fn forward_without_subgroups() -> Result<()> {
     let mut rng = rng("layernorm_tree");
     for shape in [[5, 7], [33, 1000]] {
         let (x, gamma, beta) = inputs(&mut rng, &shape);
-        let want = Arr::new(&shape, ln_ref(&x.data, &gamma.data, &beta.data, shape[1]));
+        let want = layer_norm(&x, &gamma, &beta, EPS as f64);
         poison(d, x.numel());
         let y = x
             .upload(d)
@@ -172,8 +157,14 @@ fn gradients_match_finite_differences() -> Result<()> {
         &[input(&x), input(&gamma), input(&beta)],
         |p| p[0].layer_norm(&p[1], &p[2], EPS)?.mul(&w_gpu)?.sum_all(),
         |p| {
-            let y = ln_ref(&p[0], &p[1], &p[2], cols);
-            y.iter().zip(&w.data).map(|(a, b)| a * b).sum()
+            let arr = |v: &Vec<f64>, shape: &[usize]| Arr::new(shape, v.clone());
+            let (x, gamma, beta) = (
+                arr(&p[0], &[rows, cols]),
+                arr(&p[1], &[cols]),
+                arr(&p[2], &[cols]),
+            );
+            let y = layer_norm(&x, &gamma, &beta, EPS as f64);
+            y.data.iter().zip(&w.data).map(|(a, b)| a * b).sum()
         },
         1e-5,
         TOL,
@@ -413,7 +404,7 @@ fn f16_output_matches_f64_reference_within_its_rounding() -> Result<()> {
     for cols in [1, 7, 255, 768, 1000, 1030] {
         for shape in [vec![1, cols], vec![3, 11, cols]] {
             let (x, gamma, beta) = inputs(&mut rng, &shape);
-            let want = ln_ref(&x.data, &gamma.data, &beta.data, cols);
+            let want = layer_norm(&x, &gamma, &beta, EPS as f64).data;
             let y =
                 x.upload(d)
                     .layer_norm_as(&gamma.upload(d), &beta.upload(d), EPS, DType::F16)?;
@@ -535,29 +526,6 @@ fn zero_rows_give_zero_gamma_and_beta_gradients() -> Result<()> {
     Ok(())
 }
 
-/// dx, dgamma, dbeta of sum(LN(x) * dy) in f64 (biased variance, as the kernel).
-fn ln_backward_ref(x: &Arr, gamma: &Arr, dy: &Arr) -> [Vec<f64>; 3] {
-    let cols = gamma.numel();
-    let n = cols as f64;
-    let mut dx = Vec::with_capacity(x.numel());
-    let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
-    for (row, dy) in x.data.chunks(cols).zip(dy.data.chunks(cols)) {
-        let mean = row.iter().sum::<f64>() / n;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
-        let rstd = 1.0 / (var + EPS as f64).sqrt();
-        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
-        let dxhat: Vec<f64> = dy.iter().zip(&gamma.data).map(|(d, g)| d * g).collect();
-        let m1 = dxhat.iter().sum::<f64>() / n;
-        let m2 = dxhat.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n;
-        for c in 0..cols {
-            dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
-            dgamma[c] += dy[c] * xhat[c];
-            dbeta[c] += dy[c];
-        }
-    }
-    [dx, dgamma, dbeta]
-}
-
 /// The backward's chunks over `rows` rows, and their groups where it sums dgamma and dbeta in
 /// its own dispatch (`ops::layernorm`'s defaults: chunks of 2 rows or more, 1024 at most, in
 /// groups of ceil(sqrt(chunks))).
@@ -624,7 +592,7 @@ fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
         let shape = [rows, cols];
         let (x, gamma, beta) = inputs(&mut rng, &shape);
         let dy = Arr::rand(&mut rng, &shape, -1.0, 1.0);
-        let want = ln_backward_ref(&x, &gamma, &dy);
+        let want = layer_norm_backward(&x, &gamma, &dy, EPS as f64);
         // (x, gamma, beta) wanting a gradient; `fresh_beta`: beta a new leaf every pass, so
         // that dbeta is written while dgamma is added into.
         for (wants, fresh_beta) in [
@@ -704,7 +672,7 @@ fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
                         } else {
                             1.0
                         };
-                        let w: Vec<f64> = want[i].iter().map(|v| v * scale).collect();
+                        let w: Vec<f64> = want[i].data.iter().map(|v| v * scale).collect();
                         assert_close(&g, &w, TOL, &what(&format!("{name}, pass {pass}")));
                         got.push(g);
                     }

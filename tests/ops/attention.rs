@@ -7,47 +7,11 @@
 //! Shapes: q, k, v, O are (B, H, T, D); sizes are odd on purpose (T not a multiple of any
 //! block, D not a multiple of 4, D below its padded head dim).
 
-mod common;
-
-use common::*;
+use crate::common::reference::causal_attention;
+use crate::common::*;
 use wgrad::autograd::gradcheck::{self, Input};
 use wgrad::kernels::attention::{head_dim_bucket, spec, tile, Pass, HEAD_DIMS};
 use wgrad::{Error, Result, Tensor};
-
-/// softmax(q k^T / sqrt(D), keys j <= query i) v in f64, row by row.
-fn attention_f64(q: &Arr, k: &Arr, v: &Arr) -> Arr {
-    let [b, h, t, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
-    let scale = 1.0 / (d as f64).sqrt();
-    let mut out = vec![0.0; b * h * t * d];
-    fn row(a: &Arr, bh: usize, i: usize) -> &[f64] {
-        let d = a.shape[3];
-        &a.data[(bh * a.shape[2] + i) * d..][..d]
-    }
-    for bh in 0..b * h {
-        let row = |a, i| row(a, bh, i);
-        for i in 0..t {
-            let s: Vec<f64> = (0..=i)
-                .map(|j| {
-                    scale
-                        * row(q, i)
-                            .iter()
-                            .zip(row(k, j))
-                            .map(|(x, y)| x * y)
-                            .sum::<f64>()
-                })
-                .collect();
-            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let l: f64 = p.iter().sum();
-            for (j, pj) in p.iter().enumerate() {
-                for (o, x) in out[(bh * t + i) * d..][..d].iter_mut().zip(row(v, j)) {
-                    *o += pj / l * x;
-                }
-            }
-        }
-    }
-    Arr::new(&q.shape, out)
-}
 
 fn qkv(tag: &str, shape: &[usize]) -> [Arr; 3] {
     let mut r = rng(tag);
@@ -66,7 +30,7 @@ fn forward_matches_f64_reference_at_odd_sizes() -> Result<()> {
                 let [q, k, v] = qkv(&format!("fwd{shape:?}"), &shape);
                 poison(d, q.numel());
                 let o = q.upload(d).causal_attention(&k.upload(d), &v.upload(d))?;
-                let want = attention_f64(&q, &k, &v);
+                let want = causal_attention(&q, &k, &v);
                 max_err = max_err.max(worst(&o.to_vec()?, &want.data));
                 check(&o, &want, TOL, &format!("O {shape:?}"));
             }
@@ -77,7 +41,7 @@ fn forward_matches_f64_reference_at_odd_sizes() -> Result<()> {
         let [q, k, v] = qkv(&format!("fwd{shape:?}"), &shape);
         poison(d, q.numel());
         let o = q.upload(d).causal_attention(&k.upload(d), &v.upload(d))?;
-        let want = attention_f64(&q, &k, &v);
+        let want = causal_attention(&q, &k, &v);
         max_err = max_err.max(worst(&o.to_vec()?, &want.data));
         check(&o, &want, TOL, &format!("O {shape:?}"));
     }
@@ -111,7 +75,7 @@ fn strided_inputs_are_read_in_place_or_copied() -> Result<()> {
     let o = q.causal_attention(&k, &v)?;
     check(
         &o,
-        &attention_f64(&part(0), &part(1), &part(2)),
+        &causal_attention(&part(0), &part(1), &part(2)),
         TOL,
         "O of qkv views",
     );
@@ -123,7 +87,7 @@ fn strided_inputs_are_read_in_place_or_copied() -> Result<()> {
         .causal_attention(&kt.upload(d).transpose(2, 3)?, &part(2).upload(d))?;
     check(
         &o,
-        &attention_f64(&part(0), &part(1), &part(2)),
+        &causal_attention(&part(0), &part(1), &part(2)),
         TOL,
         "O with k transposed",
     );
@@ -293,7 +257,7 @@ fn gradients_match_finite_differences() -> Result<()> {
             |p| p[0].causal_attention(&p[1], &p[2])?.mul(&wt)?.sum_all(),
             |x| {
                 let [q, k, v] = [0, 1, 2].map(|i| Arr::new(&shape, x[i].clone()));
-                let o = attention_f64(&q, &k, &v);
+                let o = causal_attention(&q, &k, &v);
                 o.data.iter().zip(&w.data).map(|(a, b)| a * b).sum()
             },
             1e-3,

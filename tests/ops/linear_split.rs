@@ -1,238 +1,13 @@
-//! linear (matmul with bias and GELU epilogues) against its unfused composition and finite
-//! differences; dispatch counts of the fused path.
+//! A linear's products split into ranges of K (forced, as a tile search times them) against
+//! f64: the bias, residual and bias-gradient epilogues the split sum serves, in a second
+//! dispatch or in the product's own, written and added into, in f32 and under autocast; and
+//! dX encoded beside dW's split product.
 
-mod common;
-
-use common::{assert_close, dev, poison, private_dev, rand_vec, rng, split_sum_dev};
-use wgrad::autograd::gradcheck::{check, Input};
+use crate::common::reference::linear;
+use crate::common::{assert_close, poison, rand_vec, rng, split_sum_dev, Arr};
+use crate::linear::{absmax_dispatches, grads, halves, round};
 use wgrad::ops::Activation;
 use wgrad::{Result, Tensor};
-
-/// Whether to run in f32 only, or under autocast too (where the adapter has shader-f16).
-fn halves(d: &wgrad::Device) -> &'static [bool] {
-    if d.gpu().has(wgrad::wgpu::Features::SHADER_F16) {
-        &[false, true]
-    } else {
-        &[false]
-    }
-}
-
-/// `v` as f64, rounded to f16 first under autocast (as the products' operands are).
-fn round(v: &[f32], half: bool) -> Vec<f64> {
-    v.iter()
-        .map(|&x| match half {
-            true => half::f16::from_f32(x).to_f32() as f64,
-            false => x as f64,
-        })
-        .collect()
-}
-
-fn grads(params: &[Tensor]) -> Result<Vec<Vec<f32>>> {
-    params
-        .iter()
-        .map(|p| p.grad().expect("reached").to_vec())
-        .collect()
-}
-
-/// Fused and unfused forward values and gradients of x, W, b, with g a random seed.
-fn compare(rows: usize, k: usize, n: usize, act: Activation, lead: &[usize]) -> Result<()> {
-    let d = dev();
-    let mut r = rng(&format!("linear {rows} {k} {n} {act:?}"));
-    let mut x_shape = lead.to_vec();
-    x_shape.extend([rows, k]);
-    let numel_x: usize = x_shape.iter().product();
-    let xs = rand_vec(&mut r, numel_x, -1.0, 1.0);
-    let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
-    let bs = rand_vec(&mut r, n, -0.5, 0.5);
-    let mut y_shape = x_shape.clone();
-    *y_shape.last_mut().unwrap() = n;
-    let seed = rand_vec(&mut r, numel_x / k * n, -1.0, 1.0);
-    let mut results = Vec::new();
-    for fused in [true, false] {
-        let x = Tensor::from_slice(d, &xs, &x_shape)?.requires_grad();
-        let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
-        let b = Tensor::from_slice(d, &bs, &[n])?.requires_grad();
-        poison(d, numel_x / k * n);
-        let y = if fused {
-            x.linear(&w, Some(&b), act)?
-        } else {
-            x.linear_reference(&w, Some(&b), act)?
-        };
-        assert_eq!(y.shape(), y_shape.as_slice());
-        y.backward_with(&Tensor::from_slice(d, &seed, &y_shape)?)?;
-        let mut v = vec![y.to_vec()?];
-        v.extend(grads(&[x, w, b])?);
-        results.push(v);
-    }
-    for (i, what) in ["y", "dx", "dW", "db"].iter().enumerate() {
-        let want: Vec<f64> = results[1][i].iter().map(|&v| v as f64).collect();
-        assert_close(
-            &results[0][i],
-            &want,
-            1e-4,
-            &format!("{what} ({rows}x{k}x{n} {act:?})"),
-        );
-    }
-    Ok(())
-}
-
-/// The `absmax` dispatch an f32 product (not `half`) runs before it where the Device puts f32
-/// products on cooperative matrices (X3): 1, else 0.
-fn absmax_dispatches(d: &wgrad::Device, half: bool) -> u64 {
-    (!half && d.f32_on_tensor_cores()) as u64
-}
-
-#[test]
-fn fused_linear_matches_the_unfused_composition() -> Result<()> {
-    for (rows, k, n) in [(1, 1, 1), (7, 5, 3), (33, 64, 130), (65, 17, 257)] {
-        compare(rows, k, n, Activation::None, &[])?;
-        compare(rows, k, n, Activation::Gelu, &[])?;
-    }
-    compare(9, 12, 20, Activation::Gelu, &[2, 3])
-}
-
-#[test]
-fn linear_gradients_match_finite_differences() -> Result<()> {
-    let mut r = rng("linear gradcheck");
-    let (rows, k, n) = (4, 3, 5);
-    let w_out = rand_vec(&mut r, rows * n, -1.0, 1.0);
-    let inputs = [
-        Input {
-            data: rand_vec(&mut r, rows * k, -1.0, 1.0),
-            shape: vec![rows, k],
-        },
-        Input {
-            data: rand_vec(&mut r, k * n, -1.0, 1.0),
-            shape: vec![k, n],
-        },
-        Input {
-            data: rand_vec(&mut r, n, -1.0, 1.0),
-            shape: vec![n],
-        },
-    ];
-    let gpu = |p: &[Tensor]| -> Result<Tensor> {
-        let weights = Tensor::from_slice(dev(), &w_out, &[rows, n])?;
-        p[0].linear(&p[1], Some(&p[2]), Activation::Gelu)?
-            .mul(&weights)?
-            .sum_all()
-    };
-    let cpu = |v: &[Vec<f64>]| -> f64 {
-        let mut total = 0.0;
-        for i in 0..rows {
-            for j in 0..n {
-                let mut z = v[2][j];
-                for l in 0..k {
-                    z += v[0][i * k + l] * v[1][l * n + j];
-                }
-                let c = (2.0 / std::f64::consts::PI).sqrt();
-                let gelu = 0.5 * z * (1.0 + (c * (z + 0.044715 * z * z * z)).tanh());
-                total += gelu * w_out[i * n + j] as f64;
-            }
-        }
-        total
-    };
-    check(dev(), &inputs, gpu, cpu, 1e-3, 1e-3)?;
-    Ok(())
-}
-
-#[test]
-fn fused_linear_is_one_forward_dispatch() -> Result<()> {
-    let d = private_dev();
-    let x = Tensor::rand_uniform(&d, &[16, 8], -1.0, 1.0, 1)?.requires_grad();
-    let w = Tensor::rand_uniform(&d, &[8, 12], -1.0, 1.0, 2)?.requires_grad();
-    let b = Tensor::zeros(&d, &[12])?.requires_grad();
-    d.sync()?;
-    let c0 = d.counters();
-    let y = x.linear(&w, Some(&b), Activation::Gelu)?;
-    // (An X3 product, f32 on cooperative matrices, reads its operands' magnitudes from an
-    // `absmax` dispatch before it.)
-    assert_eq!(
-        (d.counters() - c0).forward_dispatches,
-        1 + absmax_dispatches(&d, false),
-        "bias and GELU run inside the matmul"
-    );
-    let c1 = d.counters();
-    y.backward_with(&Tensor::ones(&d, &[16, 12])?)?;
-    // gelu' (1), dW with db in its product (1), dx (1); the seed is a fill counted in forward.
-    assert_eq!(
-        (d.counters() - c1).backward_dispatches,
-        3 + 2 * absmax_dispatches(&d, false)
-    );
-    Ok(())
-}
-
-#[test]
-fn linear_shape_errors_are_clear() -> Result<()> {
-    let d = dev();
-    let x = Tensor::zeros(d, &[4, 3])?;
-    let w = Tensor::zeros(d, &[5, 2])?;
-    let err = x
-        .linear(&w, None, Activation::None)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("linear") && err.contains("[5, 2]"), "{err}");
-    let w = Tensor::zeros(d, &[3, 2])?;
-    let b = Tensor::zeros(d, &[3])?;
-    let err = x
-        .linear(&w, Some(&b), Activation::None)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("bias") && err.contains("[2]"), "{err}");
-    Ok(())
-}
-
-/// Under autocast a linear whose output has 3 K columns or more rounds its f32 input to f16
-/// once, before the product, and keeps that copy for dW; the product would round it the same
-/// way as it loads it. So the output and the gradients are those of the autocast matmul,
-/// which reads the f32 input (to the last bits but for the order of the sums).
-#[test]
-fn a_wide_linear_casting_its_input_first_changes_no_number() -> Result<()> {
-    use wgrad::ops::autocast;
-    let d = &private_dev();
-    let mut r = rng("wide linear cast");
-    for (rows, k, n) in [(70, 24, 80), (33, 16, 48), (5, 40, 257)] {
-        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
-        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
-        let seed = rand_vec(&mut r, rows * n, -1.0, 1.0);
-        let mut results = Vec::new();
-        let mut forward = Vec::new();
-        for linear in [true, false] {
-            let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
-            let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
-            d.sync()?;
-            let before = d.counters().dispatches;
-            let y = autocast(true, || {
-                if linear {
-                    x.linear(&w, None, Activation::None)
-                } else {
-                    x.matmul(&w)
-                }
-            })?;
-            d.sync()?;
-            forward.push(d.counters().dispatches - before);
-            y.backward_with(&Tensor::from_slice(d, &seed, &[rows, n])?)?;
-            let mut v = vec![y.to_vec()?];
-            v.extend(grads(&[x, w])?);
-            results.push(v);
-        }
-        // The linear's forward is the cast and the product; the matmul's, the product.
-        assert_eq!(
-            forward,
-            [2, 1],
-            "forward dispatches, linear then matmul ({rows}x{k}x{n})"
-        );
-        for (i, what) in ["y", "dx", "dW"].iter().enumerate() {
-            let want: Vec<f64> = results[1][i].iter().map(|&v| v as f64).collect();
-            assert_close(
-                &results[0][i],
-                &want,
-                1e-6,
-                &format!("{what} ({rows}x{k}x{n}), cast first against rounded on load"),
-            );
-        }
-    }
-    Ok(())
-}
 
 /// A bias product split into ranges of K (forced, as a tile search times it): the ranges write
 /// partial products without the bias and the split sum adds it (broadcast over rows) as it
@@ -268,23 +43,19 @@ fn a_bias_product_split_into_ranges_of_k_matches_f64() -> Result<()> {
         let bs = rand_vec(&mut r, n + 3, -0.5, 0.5);
         let seed = rand_vec(&mut r, rows * n, -1.0, 1.0);
         // y = x W + b, b = bs[3..]
-        let reference = |xs: &[f32], ws: &[f32]| -> Vec<f64> {
-            (0..rows * n)
-                .map(|e| {
-                    let (i, j) = (e / n, e % n);
-                    let dot: f64 = (0..k)
-                        .map(|l| xs[i * k + l] as f64 * ws[l * n + j] as f64)
-                        .sum();
-                    dot + bs[3 + j] as f64
-                })
-                .collect()
+        let bias = Arr::from_f32(&[n], &bs[3..]);
+        let reference = |xs: &[f32], ws: &[f32]| {
+            let (x, w) = (Arr::from_f32(&[rows, k], xs), Arr::from_f32(&[k, n], ws));
+            linear(&x, &w, Some(&bias)).data
         };
         let want = reference(&xs, &ws);
         let want_half = reference(&round(&xs), &round(&ws));
-        let mut want_db = vec![0.0; n + 3];
-        for (e, &g) in seed.iter().enumerate() {
-            want_db[3 + e % n] += g as f64;
-        }
+        // db: the seed's column sums, 3 elements into the bias's buffer.
+        let want_db = [
+            vec![0.0; 3],
+            Arr::from_f32(&[rows, n], &seed).sum(0, false).data,
+        ]
+        .concat();
         let x = Tensor::from_slice(d, &xs, &[rows, k])?;
         let w = Tensor::from_slice(d, &ws, &[k, n])?;
         for split in [2, 3, 5, 12] {
@@ -351,19 +122,11 @@ fn a_bias_gradient_from_the_dw_product_matches_f64() -> Result<()> {
         let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
         for &half in halves {
             let fold = (half || rows <= 1024) && !(coop && k % 8 != 0);
-            let (x64, g64) = (round(&xs, half), round(&gs, half));
-            let reduced = round(&gs, half && fold);
-            let mut want_dw = vec![0.0; k * n];
-            let mut want_db = vec![0.0; n];
-            for row in 0..rows {
-                for j in 0..n {
-                    let g = g64[row * n + j];
-                    want_db[j] += reduced[row * n + j];
-                    for i in 0..k {
-                        want_dw[i * n + j] += x64[row * k + i] * g;
-                    }
-                }
-            }
+            let x64 = Arr::new(&[rows, k], round(&xs, half));
+            let g64 = Arr::new(&[rows, n], round(&gs, half));
+            let reduced = Arr::new(&[rows, n], round(&gs, half && fold));
+            let want_dw = x64.t().matmul(&g64).data;
+            let want_db = reduced.sum(0, false).data;
             for split in [None, Some(2), Some(5)] {
                 d.force_split(split);
                 let x = Tensor::from_slice(d, &xs, &[rows, k])?;
@@ -435,25 +198,18 @@ fn a_residual_linear_matches_f64() -> Result<()> {
         let rs = rand_vec(&mut r, pad + all * n, -2.0, 2.0);
         let gs = rand_vec(&mut r, all * n, -1.0, 1.0);
         for &half in halves {
-            let (x64, w64) = (round(&xs, half), round(&ws, half));
-            let g64 = round(&gs, false);
-            let mut want_y = vec![0.0; all * n];
-            let mut want_dx = vec![0.0; all * k];
-            let mut want_dw = vec![0.0; k * n];
-            let mut want_db = vec![0.0; n];
+            let x64 = Arr::new(&[all, k], round(&xs, half));
+            let w64 = Arr::new(&[k, n], round(&ws, half));
+            let g64 = Arr::from_f32(&[all, n], &gs);
+            let resid = Arr::from_f32(&[all, n], &rs[pad..]);
+            let want_y = linear(&x64, &w64, Some(&Arr::from_f32(&[n], &bs)))
+                .zip(&resid, |p, q| p + q)
+                .data;
             // Under autocast the backward products round the seed to f16 as well.
-            let gh = round(&gs, half);
-            for row in 0..all {
-                for j in 0..n {
-                    let dot: f64 = (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
-                    want_y[row * n + j] = dot + bs[j] as f64 + rs[pad + row * n + j] as f64;
-                    want_db[j] += g64[row * n + j];
-                    for i in 0..k {
-                        want_dx[row * k + i] += gh[row * n + j] * w64[i * n + j];
-                        want_dw[i * n + j] += x64[row * k + i] * gh[row * n + j];
-                    }
-                }
-            }
+            let gh = Arr::new(&[all, n], round(&gs, half));
+            let want_dx = gh.matmul(&w64.t()).data;
+            let want_dw = x64.t().matmul(&gh).data;
+            let want_db = g64.sum(0, false).data;
             for split in [1, 3] {
                 d.force_split(Some(split));
                 let what = format!(
@@ -516,15 +272,13 @@ fn a_residual_linear_matches_f64() -> Result<()> {
         2 + absmax_dispatches(d, false),
         "a transposed residual"
     );
-    let want: Vec<f64> = (0..rows * n)
-        .map(|e| {
-            let (i, j) = (e / n, e % n);
-            let dot: f64 = (0..k)
-                .map(|l| xs[i * k + l] as f64 * ws[l * n + j] as f64)
-                .sum();
-            dot + bs[j] as f64 + rs[j * rows + i] as f64
-        })
-        .collect();
+    let want = linear(
+        &Arr::from_f32(&[rows, k], &xs),
+        &Arr::from_f32(&[k, n], &ws),
+        Some(&Arr::from_f32(&[n], &bs)),
+    )
+    .zip(&Arr::from_f32(&[n, rows], &rs).t(), |p, q| p + q)
+    .data;
     assert_close(&y.to_vec()?, &want, 1e-4, "a transposed residual");
     // The input as its own residual (one buffer, read by the product and added after it):
     // y = x + x W + b, dx = g + g W^T.
@@ -544,19 +298,16 @@ fn a_residual_linear_matches_f64() -> Result<()> {
         2 + absmax_dispatches(d, false),
         "the input as its residual"
     );
-    let (mut want_y, mut want_dx) = (vec![0.0; rows * n], vec![0.0; rows * n]);
-    for i in 0..rows {
-        for j in 0..n {
-            let dot: f64 = (0..n)
-                .map(|l| xs[i * n + l] as f64 * ws[l * n + j] as f64)
-                .sum();
-            want_y[i * n + j] = xs[i * n + j] as f64 + dot + bv[j] as f64;
-            let back: f64 = (0..n)
-                .map(|l| gs[i * n + l] as f64 * ws[j * n + l] as f64)
-                .sum();
-            want_dx[i * n + j] = gs[i * n + j] as f64 + back;
-        }
-    }
+    let (x64, w64, g64) = (
+        Arr::from_f32(&[rows, n], &xs),
+        Arr::from_f32(&[n, n], &ws),
+        Arr::from_f32(&[rows, n], &gs),
+    );
+    let want_y = x64
+        .zip(&x64.matmul(&w64), |p, q| p + q)
+        .zip(&Arr::from_f32(&[n], &bv), |p, q| p + q)
+        .data;
+    let want_dx = g64.zip(&g64.matmul(&w64.t()), |p, q| p + q).data;
     assert_close(&y.to_vec()?, &want_y, 1e-4, "the input as its residual");
     y.backward_with(&Tensor::from_slice(d, &gs, &[rows, n])?)?;
     let dx = grads(&[x])?.remove(0);
@@ -654,21 +405,13 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
             let rs = rand_vec(&mut r, rows * n, -2.0, 2.0);
             let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
             for &half in halves {
-                let (x64, w64, g64) = (round(&xs, half), round(&ws, half), round(&gs, half));
-                let mut plain = vec![0.0; rows * n];
-                let (mut dw, mut db) = (vec![0.0; k * n], vec![0.0; n]);
-                for row in 0..rows {
-                    for j in 0..n {
-                        plain[row * n + j] =
-                            (0..k).map(|i| x64[row * k + i] * w64[i * n + j]).sum();
-                        db[j] += g64[row * n + j];
-                        for i in 0..k {
-                            dw[i * n + j] += x64[row * k + i] * g64[row * n + j];
-                        }
-                    }
-                }
-                let bias: Vec<f64> = (0..rows * n).map(|e| plain[e] + bs[e % n] as f64).collect();
-                let res: Vec<f64> = (0..rows * n).map(|e| bias[e] + rs[e] as f64).collect();
+                let x64 = Arr::new(&[rows, k], round(&xs, half));
+                let w64 = Arr::new(&[k, n], round(&ws, half));
+                let g64 = Arr::new(&[rows, n], round(&gs, half));
+                let bias = linear(&x64, &w64, Some(&Arr::from_f32(&[n], &bs)));
+                let res = bias.zip(&Arr::from_f32(&[rows, n], &rs), |p, q| p + q).data;
+                let (plain, bias) = (x64.matmul(&w64).data, bias.data);
+                let (dw, db) = (x64.t().matmul(&g64).data, g64.sum(0, false).data);
                 let tol = if half { 2e-3 } else { 1e-4 };
                 for split in [2, 3, 5] {
                     let mut counts = Vec::new();
@@ -793,250 +536,6 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
     Ok(())
 }
 
-/// GELU's tanh approximation and its derivative, in f64.
-fn gelu_and_grad(z: f64) -> (f64, f64) {
-    let c = (2.0 / std::f64::consts::PI).sqrt();
-    let t = (c * (z + 0.044715 * z * z * z)).tanh();
-    let dt = (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * z * z);
-    (0.5 * z * (1.0 + t), 0.5 * (1.0 + t) + 0.5 * z * dt)
-}
-
-/// Under autocast a GELU linear's pre-activation z and dz = g gelu'(z) are stored f16: its
-/// products round dz to f16
-/// as they load it (so dx and dW are those of the rounded dz, as before), and the bias gradient
-/// sums its f16 values in f32. Against f64 at shapes whose db comes from the dW product (up to
-/// 1,024 rows) or from a reduction (more); in f32 dz stays f32. Then a seed whose dz is not an
-/// f16 value (z = 0: dz = g / 2 = 0.5 + 3 2^-14, which f16 rounds to 0.5) over 1,100 rows: db
-/// is 550, not the unrounded 550.2. (Fails with `WGRAD_GELU_HALF=none`, z f32.)
-#[test]
-fn an_autocast_gelu_linear_stores_dz_in_f16() -> Result<()> {
-    use wgrad::ops::autocast;
-    let d = dev();
-    let mut r = rng("gelu linear dz f16");
-    let halves = halves(d);
-    for (rows, k, n) in [(300, 24, 40), (1100, 16, 36), (65, 13, 20)] {
-        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
-        let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
-        let bs = rand_vec(&mut r, n, -0.5, 0.5);
-        let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
-        for &half in halves {
-            let (x64, w64) = (round(&xs, half), round(&ws, half));
-            let mut want_dx = vec![0.0; rows * k];
-            let mut want_dw = vec![0.0; k * n];
-            let mut want_db = vec![0.0; n];
-            for row in 0..rows {
-                for j in 0..n {
-                    let z: f64 = bs[j] as f64
-                        + (0..k)
-                            .map(|i| x64[row * k + i] * w64[i * n + j])
-                            .sum::<f64>();
-                    // Under autocast z is stored f16 for the backward.
-                    let z = round(&[z as f32], half)[0];
-                    let dz = gs[row * n + j] as f64 * gelu_and_grad(z).1;
-                    let dz = round(&[dz as f32], half)[0];
-                    want_db[j] += dz;
-                    for i in 0..k {
-                        want_dx[row * k + i] += dz * w64[i * n + j];
-                        want_dw[i * n + j] += x64[row * k + i] * dz;
-                    }
-                }
-            }
-            let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
-            let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();
-            let b = Tensor::from_slice(d, &bs, &[n])?.requires_grad();
-            let y = autocast(half, || x.linear(&w, Some(&b), Activation::Gelu))?;
-            y.backward_with(&Tensor::from_slice(d, &gs, &[rows, n])?)?;
-            let got = grads(&[x, w, b])?;
-            let what = format!("{rows}x{k}x{n}{}", if half { ", autocast" } else { "" });
-            let tol = if half { 2e-3 } else { 1e-4 };
-            assert_close(&got[0], &want_dx, tol, &format!("dx, {what}"));
-            assert_close(&got[1], &want_dw, tol, &format!("dW, {what}"));
-            assert_close(&got[2], &want_db, tol, &format!("db, {what}"));
-        }
-    }
-    if halves.contains(&true) {
-        let (rows, k, n) = (1100, 8, 16);
-        let x = Tensor::zeros(d, &[rows, k])?;
-        let w = Tensor::from_slice(d, &rand_vec(&mut r, k * n, -0.5, 0.5), &[k, n])?;
-        let b = Tensor::zeros(d, &[n])?.requires_grad();
-        let g = 1.0 + 3.0 * 2f32.powi(-13);
-        let y = autocast(true, || x.linear(&w, Some(&b), Activation::Gelu))?;
-        y.backward_with(&Tensor::full(d, &[rows, n], g)?)?;
-        let want = vec![0.5 * rows as f64; n];
-        assert_close(
-            &b.grad().expect("reached").to_vec()?,
-            &want,
-            1e-6,
-            "db of f16 dz",
-        );
-    }
-    Ok(())
-}
-
-/// An MLP under autocast, h = gelu(x W1 + b1) stored f16 (as GPT-2's is) and y = h W2 + b2:
-/// GELU's pre-activation z is stored f16, and so is h's gradient dh = g W2^T (the second
-/// linear's dX, made new through a view of h: x has a leading dim), which GELU's gradient reads
-/// as f32. dx, dW1, db1, dW2 and db2 against f64 with z, h, dh and dz rounded to f16 where they
-/// are stored, at rows whose db1 comes from the dW product and from a reduction. Fails with
-/// `WGRAD_GELU_HALF=none` (z and dh f32: dW1 off by up to 4.5e-3 on lavapipe).
-#[test]
-fn an_autocast_mlp_stores_z_and_the_gelu_outputs_gradient_in_f16() -> Result<()> {
-    use wgrad::ops::autocast;
-    let d = dev();
-    if !halves(d).contains(&true) {
-        return Err(wgrad::Error::InvalidArgument {
-            op: "test",
-            reason: "the adapter has no shader-f16 (lavapipe has it)".into(),
-        });
-    }
-    let mut r = rng("autocast mlp f16 z and dh");
-    // n, the second dW's rows, a multiple of 8: its bias gradient then comes from the product
-    // (the sums of the f16-rounded seed) on either kernel.
-    for (rows, k, n, m) in [(300, 24, 40, 12), (1100, 16, 40, 20)] {
-        let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
-        let w1s = rand_vec(&mut r, k * n, -0.5, 0.5);
-        let b1s = rand_vec(&mut r, n, -0.5, 0.5);
-        let w2s = rand_vec(&mut r, n * m, -0.5, 0.5);
-        let b2s = rand_vec(&mut r, m, -0.5, 0.5);
-        let gs = rand_vec(&mut r, rows * m, -1.0, 1.0);
-        let f16 = |v: f64| round(&[v as f32], true)[0];
-        let (x64, w164, w264, g64) = (
-            round(&xs, true),
-            round(&w1s, true),
-            round(&w2s, true),
-            round(&gs, true),
-        );
-        // Forward: z (f16 where stored), h = f16(gelu(z)) from the unrounded z.
-        let mut z = vec![0.0; rows * n];
-        let mut h = vec![0.0; rows * n];
-        for row in 0..rows {
-            for j in 0..n {
-                let v = b1s[j] as f64
-                    + (0..k)
-                        .map(|i| x64[row * k + i] * w164[i * n + j])
-                        .sum::<f64>();
-                z[row * n + j] = f16(v);
-                h[row * n + j] = f16(gelu_and_grad(v).0);
-            }
-        }
-        let (mut dx, mut dw1, mut db1) = (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
-        let (mut dw2, mut db2) = (vec![0.0; n * m], vec![0.0; m]);
-        for row in 0..rows {
-            for c in 0..m {
-                let g = g64[row * m + c];
-                db2[c] += g;
-                for j in 0..n {
-                    dw2[j * m + c] += h[row * n + j] * g;
-                }
-            }
-            for j in 0..n {
-                let dh = f16((0..m).map(|c| g64[row * m + c] * w264[j * m + c]).sum());
-                let dz = f16(dh * gelu_and_grad(z[row * n + j]).1);
-                db1[j] += dz;
-                for i in 0..k {
-                    dx[row * k + i] += dz * w164[i * n + j];
-                    dw1[i * n + j] += x64[row * k + i] * dz;
-                }
-            }
-        }
-        let x = Tensor::from_slice(d, &xs, &[2, rows / 2, k])?.requires_grad();
-        let w1 = Tensor::from_slice(d, &w1s, &[k, n])?.requires_grad();
-        let b1 = Tensor::from_slice(d, &b1s, &[n])?.requires_grad();
-        let w2 = Tensor::from_slice(d, &w2s, &[n, m])?.requires_grad();
-        let b2 = Tensor::from_slice(d, &b2s, &[m])?.requires_grad();
-        let y = autocast(true, || -> Result<Tensor> {
-            let h = x.linear_as(&w1, Some(&b1), Activation::Gelu, wgrad::DType::F16)?;
-            h.linear(&w2, Some(&b2), Activation::None)
-        })?;
-        y.backward_with(&Tensor::from_slice(d, &gs, &[2, rows / 2, m])?)?;
-        let got = grads(&[x, w1, b1, w2, b2])?;
-        let what = format!("{rows}x{k}x{n}x{m}");
-        for (i, (want, name)) in [
-            (dx, "dx"),
-            (dw1, "dW1"),
-            (db1, "db1"),
-            (dw2, "dW2"),
-            (db2, "db2"),
-        ]
-        .iter()
-        .enumerate()
-        {
-            assert_close(&got[i], want, 2e-3, &format!("{name}, {what}"));
-        }
-    }
-    Ok(())
-}
-
-/// A GELU linear's output read by two linears under autocast: its gradient gets two
-/// contributions, so it stays f32 (`BackwardCtx::sole_contribution`); z is still f16. dx, dW1
-/// and db1 against f64 with dh = g W2^T + g W3^T unrounded and z, dz rounded to f16.
-#[test]
-fn an_autocast_gelu_output_read_twice_keeps_its_gradient_f32() -> Result<()> {
-    use wgrad::ops::autocast;
-    let d = dev();
-    if !halves(d).contains(&true) {
-        return Err(wgrad::Error::InvalidArgument {
-            op: "test",
-            reason: "the adapter has no shader-f16 (lavapipe has it)".into(),
-        });
-    }
-    let mut r = rng("autocast gelu output read twice");
-    let (rows, k, n, m) = (300, 24, 40, 12);
-    let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
-    let w1s = rand_vec(&mut r, k * n, -0.5, 0.5);
-    let b1s = rand_vec(&mut r, n, -0.5, 0.5);
-    let w2s = rand_vec(&mut r, n * m, -0.5, 0.5);
-    let w3s = rand_vec(&mut r, n * m, -0.5, 0.5);
-    let bs = rand_vec(&mut r, m, -0.5, 0.5);
-    let gs = rand_vec(&mut r, rows * m, -1.0, 1.0);
-    let f16 = |v: f64| round(&[v as f32], true)[0];
-    let (x64, w164, w264, w364, g64) = (
-        round(&xs, true),
-        round(&w1s, true),
-        round(&w2s, true),
-        round(&w3s, true),
-        round(&gs, true),
-    );
-    let (mut dx, mut dw1, mut db1) = (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
-    for row in 0..rows {
-        for j in 0..n {
-            let z = b1s[j] as f64
-                + (0..k)
-                    .map(|i| x64[row * k + i] * w164[i * n + j])
-                    .sum::<f64>();
-            let dh: f64 = (0..m)
-                .map(|c| g64[row * m + c] * (w264[j * m + c] + w364[j * m + c]))
-                .sum();
-            let dz = f16(dh * gelu_and_grad(f16(z)).1);
-            db1[j] += dz;
-            for i in 0..k {
-                dx[row * k + i] += dz * w164[i * n + j];
-                dw1[i * n + j] += x64[row * k + i] * dz;
-            }
-        }
-    }
-    let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
-    let w1 = Tensor::from_slice(d, &w1s, &[k, n])?.requires_grad();
-    let b1 = Tensor::from_slice(d, &b1s, &[n])?.requires_grad();
-    let w2 = Tensor::from_slice(d, &w2s, &[n, m])?;
-    let w3 = Tensor::from_slice(d, &w3s, &[n, m])?;
-    let b = Tensor::from_slice(d, &bs, &[m])?;
-    let y = autocast(true, || -> Result<Tensor> {
-        let h = x.linear_as(&w1, Some(&b1), Activation::Gelu, wgrad::DType::F16)?;
-        h.linear(&w2, Some(&b), Activation::None)?.add(&h.linear(
-            &w3,
-            Some(&b),
-            Activation::None,
-        )?)
-    })?;
-    y.backward_with(&Tensor::from_slice(d, &gs, &[rows, m])?)?;
-    let got = grads(&[x, w1, b1])?;
-    for (i, (want, name)) in [(dx, "dx"), (dw1, "dW1"), (db1, "db1")].iter().enumerate() {
-        assert_close(&got[i], want, 2e-3, name);
-    }
-    Ok(())
-}
-
 /// A linear's dX product, recorded after dW's product, the dispatch that sums dW's ranges of K
 /// and the bias gradient's reduction, is encoded beside dW's product (`graph::schedule`): it
 /// reads what dW read and writes a new buffer, where the sum waits at a barrier. The step's
@@ -1051,18 +550,14 @@ fn a_linears_dx_is_encoded_beside_its_split_dw() -> Result<()> {
     let xs = rand_vec(&mut r, rows * k, -1.0, 1.0);
     let ws = rand_vec(&mut r, k * n, -0.5, 0.5);
     let gs = rand_vec(&mut r, rows * n, -1.0, 1.0);
-    let (mut want_dx, mut want_dw, mut want_db) =
-        (vec![0.0; rows * k], vec![0.0; k * n], vec![0.0; n]);
-    for row in 0..rows {
-        for j in 0..n {
-            let g = gs[row * n + j] as f64;
-            want_db[j] += g;
-            for i in 0..k {
-                want_dw[i * n + j] += xs[row * k + i] as f64 * g;
-                want_dx[row * k + i] += g * ws[i * n + j] as f64;
-            }
-        }
-    }
+    let (x64, w64, g64) = (
+        Arr::from_f32(&[rows, k], &xs),
+        Arr::from_f32(&[k, n], &ws),
+        Arr::from_f32(&[rows, n], &gs),
+    );
+    let want_dx = g64.matmul(&w64.t()).data;
+    let want_dw = x64.t().matmul(&g64).data;
+    let want_db = g64.sum(0, false).data;
     d.force_split(Some(3));
     let x = Tensor::from_slice(d, &xs, &[rows, k])?.requires_grad();
     let w = Tensor::from_slice(d, &ws, &[k, n])?.requires_grad();

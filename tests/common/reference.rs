@@ -1,0 +1,351 @@
+//! The CPU f64 references of the ops, one per op: every test that checks an op against f64
+//! computes the expected values here. Reductions, softmax, matmul, gather and where are
+//! methods of `Arr` (so they chain with its views); the others are functions of `Arr`s or of
+//! scalars. Inputs are the f32 values the GPU sees, widened to f64; nothing is rounded here
+//! (a test that wants f16 operands rounds them first).
+
+use super::{broadcast_shapes, Arr};
+
+// ------------------------------------------------------------------------------------------
+// Elementwise.
+
+/// The logistic function, 1 / (1 + e^-x).
+pub fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// GELU, tanh approximation (GPT-2's): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+pub fn gelu(x: f64) -> f64 {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())
+}
+
+/// d gelu(x) / dx of the tanh approximation: with t = tanh(sqrt(2 / pi) (x + 0.044715 x^3)),
+/// 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2 / pi) (1 + 3 * 0.044715 x^2).
+pub fn gelu_grad(x: f64) -> f64 {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let t = (k * (x + 0.044715 * x * x * x)).tanh();
+    let dt = (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x);
+    0.5 * (1.0 + t) + 0.5 * x * dt
+}
+
+impl Arr {
+    /// `cond != 0 ? x : y`, all broadcast (numpy rules).
+    pub fn where_cond(cond: &Arr, x: &Arr, y: &Arr) -> Arr {
+        let shape = broadcast_shapes(&broadcast_shapes(&cond.shape, &x.shape), &y.shape);
+        let (c, x, y) = (
+            cond.broadcast_to(&shape),
+            x.broadcast_to(&shape),
+            y.broadcast_to(&shape),
+        );
+        Arr::new(
+            &shape,
+            (0..c.numel())
+                .map(|i| {
+                    if c.data[i] != 0.0 {
+                        x.data[i]
+                    } else {
+                        y.data[i]
+                    }
+                })
+                .collect(),
+        )
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Reductions.
+
+impl Arr {
+    /// Sum over `dim`, in index order.
+    pub fn sum(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, 0.0, |a, x| a + x, |a, _| a)
+    }
+
+    /// Mean over `dim`: the sum over it divided by its length.
+    pub fn mean(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, 0.0, |a, x| a + x, |a, n| a / n as f64)
+    }
+
+    /// Maximum over `dim` (-inf over an empty dim).
+    pub fn max(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, f64::NEG_INFINITY, f64::max, |a, _| a)
+    }
+
+    /// Minimum over `dim` (+inf over an empty dim).
+    pub fn min(&self, dim: usize, keepdim: bool) -> Arr {
+        self.reduce(dim, keepdim, f64::INFINITY, f64::min, |a, _| a)
+    }
+
+    /// Sum of every element, in row-major order.
+    pub fn sum_all(&self) -> f64 {
+        self.data.iter().sum()
+    }
+
+    /// Mean of every element.
+    pub fn mean_all(&self) -> f64 {
+        self.sum_all() / self.numel() as f64
+    }
+
+    /// Maximum of every element.
+    pub fn max_all(&self) -> f64 {
+        self.data.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    }
+
+    /// Minimum of every element.
+    pub fn min_all(&self) -> f64 {
+        self.data.iter().copied().fold(f64::INFINITY, f64::min)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Softmax.
+
+impl Arr {
+    /// Softmax over the last axis, exp(x - m) / sum(exp(x - m)) with m the row's maximum; or
+    /// (`log`) log-softmax, x - m - ln(sum(exp(x - m))).
+    pub fn softmax(&self, log: bool) -> Arr {
+        let cols = *self.shape.last().expect("rank >= 1");
+        let mut out = Vec::with_capacity(self.numel());
+        if cols > 0 {
+            for row in self.data.chunks(cols) {
+                let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let s: f64 = row.iter().map(|&x| (x - m).exp()).sum();
+                for &x in row {
+                    out.push(if log {
+                        x - m - s.ln()
+                    } else {
+                        (x - m).exp() / s
+                    });
+                }
+            }
+        }
+        Arr::new(&self.shape, out)
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Matmul and linear.
+
+impl Arr {
+    /// (..., M, K) @ (..., K, N) with broadcast batch dims: C[i, j] = sum over k of
+    /// A[i, k] B[k, j], summed in k order from 0.
+    pub fn matmul(&self, other: &Arr) -> Arr {
+        let (ar, br) = (self.rank(), other.rank());
+        let (m, k) = (self.shape[ar - 2], self.shape[ar - 1]);
+        let (k2, n) = (other.shape[br - 2], other.shape[br - 1]);
+        assert_eq!(k, k2, "reference matmul: inner dims");
+        let batch = broadcast_shapes(&self.shape[..ar - 2], &other.shape[..br - 2]);
+        let mut a_shape = batch.clone();
+        a_shape.extend([m, k]);
+        let mut b_shape = batch.clone();
+        b_shape.extend([k, n]);
+        let a = self.broadcast_to(&a_shape);
+        let b = other.broadcast_to(&b_shape);
+        let nb: usize = batch.iter().product();
+        let mut out = vec![0.0; nb * m * n];
+        for bi in 0..nb {
+            let (ab, bb, cb) = (&a.data[bi * m * k..], &b.data[bi * k * n..], bi * m * n);
+            for i in 0..m {
+                for j in 0..n {
+                    let mut acc = 0.0;
+                    for kk in 0..k {
+                        acc += ab[i * k + kk] * bb[kk * n + j];
+                    }
+                    out[cb + i * n + j] = acc;
+                }
+            }
+        }
+        let mut shape = batch;
+        shape.extend([m, n]);
+        Arr::new(&shape, out)
+    }
+}
+
+/// A linear layer's output, x W + b: x (..., K), W (K, N), b (N) added to every row after the
+/// product (no bias: x W).
+pub fn linear(x: &Arr, w: &Arr, b: Option<&Arr>) -> Arr {
+    let y = x.matmul(w);
+    match b {
+        Some(b) => y.zip(b, |p, q| p + q),
+        None => y,
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Gather.
+
+impl Arr {
+    /// Entries `idx` of `dim`: out[.., i, ..] = self[.., idx[i], ..]; an index past the end
+    /// gives 0 (as the engine documents).
+    pub fn index_select(&self, dim: usize, idx: &[u32]) -> Arr {
+        let mut shape = self.shape.clone();
+        shape[dim] = idx.len();
+        Arr::build(&shape, |c| {
+            let j = idx[c[dim]] as usize;
+            if j >= self.shape[dim] {
+                return 0.0;
+            }
+            let mut src = c.to_vec();
+            src[dim] = j;
+            self.at(&src)
+        })
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// LayerNorm.
+
+/// The per-row statistics of LayerNorm over rows of `cols`: the mean and 1 / sqrt(var + eps)
+/// with the biased variance (divided by `cols`, as the kernel), two passes.
+fn layer_norm_stats(row: &[f64], eps: f64) -> (f64, f64) {
+    let n = row.len() as f64;
+    let mean = row.iter().sum::<f64>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    (mean, 1.0 / (var + eps).sqrt())
+}
+
+/// LayerNorm over the last axis (C = gamma's length): y = (x - mean) / sqrt(var + eps) * gamma
+/// + beta, with the biased variance.
+pub fn layer_norm(x: &Arr, gamma: &Arr, beta: &Arr, eps: f64) -> Arr {
+    let cols = gamma.numel();
+    let mut y = Vec::with_capacity(x.numel());
+    for row in x.data.chunks(cols) {
+        let (mean, rstd) = layer_norm_stats(row, eps);
+        for (c, v) in row.iter().enumerate() {
+            y.push((v - mean) * rstd * gamma.data[c] + beta.data[c]);
+        }
+    }
+    Arr::new(&x.shape, y)
+}
+
+/// The gradients [dx, dgamma, dbeta] of sum(layer_norm(x, gamma, beta) * dy): with xhat the
+/// normalized row and dxhat = dy gamma, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat
+/// xhat)); dgamma = sum over rows of dy xhat; dbeta = sum over rows of dy.
+pub fn layer_norm_backward(x: &Arr, gamma: &Arr, dy: &Arr, eps: f64) -> [Arr; 3] {
+    let cols = gamma.numel();
+    let n = cols as f64;
+    let mut dx = Vec::with_capacity(x.numel());
+    let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
+    for (row, dy) in x.data.chunks(cols).zip(dy.data.chunks(cols)) {
+        let (mean, rstd) = layer_norm_stats(row, eps);
+        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
+        let dxhat: Vec<f64> = dy.iter().zip(&gamma.data).map(|(d, g)| d * g).collect();
+        let m1 = dxhat.iter().sum::<f64>() / n;
+        let m2 = dxhat.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n;
+        for c in 0..cols {
+            dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
+            dgamma[c] += dy[c] * xhat[c];
+            dbeta[c] += dy[c];
+        }
+    }
+    [
+        Arr::new(&x.shape, dx),
+        Arr::new(&gamma.shape, dgamma),
+        Arr::new(&gamma.shape, dbeta),
+    ]
+}
+
+// ------------------------------------------------------------------------------------------
+// Cross-entropy.
+
+/// Cross-entropy of logits (..., V) against one target per row, averaged over the rows whose
+/// target is not `ignore`: loss = mean over those rows of lse(x) - x[target], with lse the
+/// max-subtracted log-sum-exp; and dlogits = (softmax(x) - onehot(target)) / rows counted (0
+/// on ignored rows).
+pub fn cross_entropy(logits: &Arr, targets: &[u32], ignore: Option<u32>) -> (f64, Arr) {
+    let v = *logits.shape.last().expect("rank >= 1");
+    let x = &logits.data;
+    let n_valid = targets.iter().filter(|&&t| Some(t) != ignore).count() as f64;
+    let mut loss = 0.0;
+    let mut grad = vec![0.0; x.len()];
+    for (r, row) in x.chunks(v).enumerate() {
+        let t = targets[r];
+        if Some(t) == ignore {
+            continue;
+        }
+        let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + row.iter().map(|&a| (a - m).exp()).sum::<f64>().ln();
+        loss += lse - row[t as usize];
+        for (j, &a) in row.iter().enumerate() {
+            let onehot = if j == t as usize { 1.0 } else { 0.0 };
+            grad[r * v + j] = ((a - lse).exp() - onehot) / n_valid;
+        }
+    }
+    (loss / n_valid, Arr::new(&logits.shape, grad))
+}
+
+// ------------------------------------------------------------------------------------------
+// Attention.
+
+/// Causal scaled dot-product attention of (B, H, T, D) q, k, v: O[i] = sum over keys j <= i
+/// of softmax_j(q_i . k_j / sqrt(D)) v_j, row by row (max-subtracted).
+pub fn causal_attention(q: &Arr, k: &Arr, v: &Arr) -> Arr {
+    let [b, h, t, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0.0; b * h * t * d];
+    fn row(a: &Arr, bh: usize, i: usize) -> &[f64] {
+        let d = a.shape[3];
+        &a.data[(bh * a.shape[2] + i) * d..][..d]
+    }
+    for bh in 0..b * h {
+        let row = |a, i| row(a, bh, i);
+        for i in 0..t {
+            let s: Vec<f64> = (0..=i)
+                .map(|j| {
+                    scale
+                        * row(q, i)
+                            .iter()
+                            .zip(row(k, j))
+                            .map(|(x, y)| x * y)
+                            .sum::<f64>()
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let p: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = p.iter().sum();
+            for (j, pj) in p.iter().enumerate() {
+                for (o, x) in out[(bh * t + i) * d..][..d].iter_mut().zip(row(v, j)) {
+                    *o += pj / l * x;
+                }
+            }
+        }
+    }
+    Arr::new(&q.shape, out)
+}
+
+// ------------------------------------------------------------------------------------------
+// Optimizer.
+
+/// AdamW as PyTorch writes it, in f64: m = b1 m + (1 - b1) g, v = b2 v + (1 - b2) g^2,
+/// p = p (1 - lr wd) - lr (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), wd 0 where an
+/// element does not decay.
+pub struct CpuAdamW {
+    pub m: Vec<f64>,
+    pub v: Vec<f64>,
+    pub t: i32,
+}
+
+impl CpuAdamW {
+    /// One step over `p` (flattened) with gradient `g`, a decay flag per element, clipping
+    /// already applied by the caller.
+    pub fn step(
+        &mut self,
+        p: &mut [f64],
+        g: &[f64],
+        decay: &[bool],
+        lr: f64,
+        c: &wgrad::optim::AdamWConfig,
+    ) {
+        self.t += 1;
+        let (b1, b2) = (c.betas.0 as f64, c.betas.1 as f64);
+        for i in 0..p.len() {
+            self.m[i] = b1 * self.m[i] + (1.0 - b1) * g[i];
+            self.v[i] = b2 * self.v[i] + (1.0 - b2) * g[i] * g[i];
+            let mhat = self.m[i] / (1.0 - b1.powi(self.t));
+            let vhat = self.v[i] / (1.0 - b2.powi(self.t));
+            let wd = if decay[i] { c.weight_decay as f64 } else { 0.0 };
+            p[i] = p[i] * (1.0 - lr * wd) - lr * mhat / (vhat.sqrt() + c.eps as f64);
+        }
+    }
+}
