@@ -1,9 +1,7 @@
 //! Every candidate tile of the f32 fused attention (`candidate_tiles`) at every padded head
-//! dim: its `Tile::workgroup_bytes` against the WGSL, and, run through `force_tiles`, the
-//! forward and the gradients (new, then accumulated) against the unfused reference.
-//!
-//! A test binary of its own: forced tiles hold for the whole process, and only one test here
-//! forces them.
+//! dim: its `Tile::workgroup_bytes` against the WGSL, and, run through
+//! `Device::force_attention_tiles`, the forward and the gradients (new, then accumulated)
+//! against the unfused reference.
 //!
 //! Shapes: q, k, v, O are (B, H, T, D) with T 70 (no multiple of any block) and D three below
 //! its padded head dim (not a multiple of 4).
@@ -12,8 +10,7 @@ mod common;
 
 use common::*;
 use wgrad::kernels::attention::{
-    candidate_tiles, chosen_tile, force_tiles, parse_forced_tiles, spec, tile, Pass, Tile,
-    HEAD_DIMS,
+    candidate_tiles, chosen_tile, parse_forced_tiles, spec, tile, Pass, Tile, HEAD_DIMS,
 };
 use wgrad::Result;
 
@@ -82,7 +79,8 @@ fn forced_tiles_are_read_per_pass_at_every_head_dim() {
 
 #[test]
 fn every_candidate_tile_matches_the_unfused_reference() -> Result<()> {
-    let d = dev();
+    // A device of its own: the tiles it is forced to run hold for it alone.
+    let d = &private_dev();
     let limits = &d.gpu().limits;
     let (max_bytes, max_lanes) = (
         limits.max_compute_workgroup_storage_size,
@@ -96,7 +94,7 @@ fn every_candidate_tile_matches_the_unfused_reference() -> Result<()> {
         });
         let w = Arr::rand(&mut rng(&format!("w{shape:?}")), &shape, -1.0, 1.0).upload(d);
         let leaves = || [&q, &k, &v].map(|a| a.upload(d).requires_grad());
-        force_tiles(&[]);
+        d.force_attention_tiles(&[]);
         let (o_ref, grads_ref) = loss_grads(&leaves(), &w, |p| {
             p[0].causal_attention_reference(&p[1], &p[2])
         })?;
@@ -110,9 +108,9 @@ fn every_candidate_tile_matches_the_unfused_reference() -> Result<()> {
                 let list = &candidates[p];
                 (Pass::ALL[p], list[i.min(list.len() - 1)])
             });
-            force_tiles(&forced);
+            d.force_attention_tiles(&forced);
             for (pass, t) in forced {
-                let chosen = chosen_tile(pass, dmax, max_bytes, max_lanes);
+                let chosen = chosen_tile(pass, dmax, (max_bytes, max_lanes), &forced);
                 assert_eq!(chosen, t, "{pass:?}: the adapter takes the forced tile");
             }
             let names = forced.map(|(_, t)| t.name());
@@ -138,6 +136,5 @@ fn every_candidate_tile_matches_the_unfused_reference() -> Result<()> {
             eprintln!("DMAX {dmax}: tiles {names:?} match the unfused reference");
         }
     }
-    force_tiles(&[]);
     Ok(())
 }

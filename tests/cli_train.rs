@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::private_dev;
+use common::{dev_with, private_dev};
 use wgrad::model::{
     load_pretrained, read_train_state, save_pretrained, HfConfig, Tokenizer, STATE_FILE,
     WEIGHTS_FILE,
@@ -184,6 +184,51 @@ fn resumed_run_repeats_the_uninterrupted_losses(amp: bool) -> Result<()> {
         params.get("h.0.mlp.c_fc.weight").unwrap().to_vec()?,
         trained.to_vec()?
     );
+    Ok(())
+}
+
+/// A checkpoint records the precision it trained in, and a resume under another refuses,
+/// naming what differs and the variable that sets it: its losses would not continue the same.
+/// Outside mixed precision the f16 choices change nothing, and do not count.
+#[test]
+fn a_resume_under_another_precision_is_refused() -> Result<()> {
+    use wgrad::config::{F32Matmul, Float};
+    let dev = private_dev();
+    let scratch = Scratch::new("resume-precision");
+    let model = scratch.path().join("init");
+    model_dir(&dev, &model, small_config())?;
+    let data = corpus_slice(scratch.path(), "slice.txt", 20_000);
+    for amp in [true, false] {
+        let ckpt = scratch.path().join(if amp { "amp" } else { "f32" });
+        let control = RunControl {
+            out: Some(ckpt.clone()),
+            ..Default::default()
+        };
+        TrainSession::new(&dev, options_amp(&model, &data, 3, amp))?.run_until(
+            1,
+            &control,
+            |_| {},
+        )?;
+        let logits_f32 = dev_with(|o| o.precision.logits = Float::F32);
+        let resumed = TrainSession::resume(&logits_f32, &ckpt, &OptionFlags::default());
+        if amp {
+            let err = resumed.err().expect("refused").to_string();
+            assert!(
+                err.contains("logits") && err.contains("WGRAD_LOGITS"),
+                "{err}"
+            );
+        } else {
+            assert!(resumed.is_ok(), "f32 logits change nothing outside --amp");
+        }
+        let tiled = dev_with(|o| o.precision.f32_matmul = F32Matmul::Tiled);
+        let err = TrainSession::resume(&tiled, &ckpt, &OptionFlags::default())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("WGRAD_F32_MATMUL"), "{err}");
+        // The precision it trained in resumes.
+        TrainSession::resume(&dev, &ckpt, &OptionFlags::default())?;
+    }
     Ok(())
 }
 

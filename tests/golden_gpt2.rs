@@ -9,12 +9,12 @@ mod common;
 
 use std::path::Path;
 
-use common::{assert_close, private_dev};
+use common::{assert_close, dev_with, private_dev};
 use safetensors::SafeTensors;
 use wgrad::model::load_pretrained;
 use wgrad::nn::Gpt2;
 use wgrad::optim::{AdamW, AdamWConfig};
-use wgrad::{Device, DeviceOptions, Result, Tensor};
+use wgrad::{Result, Tensor};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt2-small");
 
@@ -55,10 +55,7 @@ impl Expected {
 /// bindings hold 96 KiB: wte (512 x 64 f32, 128 KiB) in 2 row shards, every other tensor whole.
 fn model(split: bool) -> Result<Gpt2> {
     let dev = if split {
-        Device::with_options(&DeviceOptions {
-            max_storage_binding: Some(96 << 10),
-            ..Default::default()
-        })?
+        dev_with(|o| o.adapter.max_storage_binding = Some(96 << 10))
     } else {
         private_dev()
     };

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_close, private_dev};
+use common::{assert_close, dev_with, private_dev};
 use wgrad::memory::Reuse;
 use wgrad::nn::{Gpt2, Gpt2Config, Kernels};
 use wgrad::optim::{AdamW, AdamWConfig, LrSchedule};
@@ -159,10 +159,7 @@ fn two_layer_trainer(dev: &Device) -> Result<Trainer> {
 #[test]
 fn a_cold_step_compiles_on_workers_with_the_same_result() -> Result<()> {
     let run = |threads: usize| -> Result<(Vec<f32>, Vec<u64>, wgrad::kernels::PipelineStats)> {
-        let dev = Device::with_options(&wgrad::DeviceOptions {
-            compile_threads: Some(threads),
-            ..Default::default()
-        })?;
+        let dev = dev_with(|o| o.execution.compile_threads = Some(threads));
         let (x, y) = batch(&dev, 2, 16, 97)?;
         let mut t = two_layer_trainer(&dev)?;
         let (mut losses, mut submits) = (Vec::new(), Vec::new());

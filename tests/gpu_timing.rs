@@ -56,10 +56,9 @@ fn every_dispatch_gets_an_interval_named_by_its_kernel() -> Result<()> {
 
 #[test]
 fn without_timestamps_inside_passes_each_pass_is_timed() -> Result<()> {
-    let dev = Device::with_options(&wgrad::DeviceOptions {
-        disable: wgrad::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES,
-        ..Default::default()
-    })?;
+    let mut options = wgrad::Options::from_env()?;
+    options.adapter.disable |= wgrad::wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    let dev = Device::with_options(&options)?;
     assert_eq!(dev.set_gpu_timing(true), Some(TimingMode::PerPass));
     let x = Tensor::rand_uniform(&dev, &[32, 32], -1.0, 1.0, 1)?;
     x.matmul(&x)?.sum_all()?.item()?;

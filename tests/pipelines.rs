@@ -62,7 +62,7 @@ fn fill_spec(v: &'static str) -> Spec {
 fn variants_compile_on_workers_and_a_broken_one_names_its_kernel() {
     let dev = private_dev();
     let device = &dev.gpu().device;
-    let mut cache = PipelineCache::new(true, 65535, Some(2));
+    let mut cache = PipelineCache::new(true, 65535, Some(2), false);
     let specs = [
         "const VALUE: f32 = 1.0;",
         "const VALUE: f32 = 2.0;",

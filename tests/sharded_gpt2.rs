@@ -1,6 +1,6 @@
 //! GPT-2 with its token embedding split into row shards, as on an adapter whose storage
 //! bindings are smaller than the embedding (lavapipe's 128 MiB against DistilGPT-2's 154 MB
-//! wte), forced on any adapter by a lowered binding cap (`DeviceOptions::max_storage_binding`,
+//! wte), forced on any adapter by a lowered binding cap (`AdapterChoice::max_storage_binding`,
 //! `WGRAD_MAX_BINDING`). Against the same model, same seed, unsplit: logits, loss and every
 //! gradient within 1e-5, the same losses over AdamW steps, the same generated logits; a save
 //! holds one `wte.weight` (V, C) and loads back bitwise, split or not; a run cut short and
@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_close, private_dev};
+use common::{assert_close, dev_with, private_dev};
 use safetensors::SafeTensors;
 use wgrad::model::{
     load_pretrained, save_pretrained, Generator, HfConfig, Tokenizer, WEIGHTS_FILE,
@@ -20,18 +20,14 @@ use wgrad::optim::{AdamW, AdamWConfig};
 use wgrad::session::{
     Event, ModelSource, OptionFlags, RunControl, Schedule, TrainOptions, TrainSession,
 };
-use wgrad::{Device, DeviceOptions, Error, Result, Tensor};
+use wgrad::{Device, Error, Result, Tensor};
 
 /// A binding cap that splits the tiny preset's wte (50257 x 128 f32, 25.7 MB) into 3 shards
 /// and still holds (2, 16, 50257) f32 logits (6.4 MB).
 const TINY_CAP: u64 = 10 << 20;
 
 fn capped_dev(cap: u64) -> Device {
-    Device::with_options(&DeviceOptions {
-        max_storage_binding: Some(cap),
-        ..Default::default()
-    })
-    .expect("creating a wgrad Device with a lowered binding cap")
+    dev_with(|o| o.adapter.max_storage_binding = Some(cap))
 }
 
 fn tiny() -> Gpt2Config {

@@ -18,7 +18,7 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use wgrad::kernels::{compose_source, KernelDesc, Spec};
-use wgrad::{Device, DeviceOptions, Result, Tensor};
+use wgrad::{Device, Options, Result, Tensor};
 
 /// Default tolerance of f32 kernels against the f64 reference.
 pub const TOL: f64 = 1e-4;
@@ -41,13 +41,7 @@ pub fn dev() -> &'static Device {
 /// A second shared device with subgroup operations turned off: the workgroup-memory
 /// reduction fallback.
 pub fn tree_dev() -> &'static Device {
-    TREE_DEVICE.get_or_init(|| {
-        Device::with_options(&DeviceOptions {
-            disable: wgrad::wgpu::Features::SUBGROUP,
-            ..Default::default()
-        })
-        .expect("creating a wgrad Device without subgroups")
-    })
+    TREE_DEVICE.get_or_init(|| dev_with(|o| o.adapter.disable |= wgrad::wgpu::Features::SUBGROUP))
 }
 
 /// A device of its own, for tests that count submits or buffer creations (the shared device
@@ -56,24 +50,24 @@ pub fn private_dev() -> Device {
     Device::new().expect("creating a private wgrad Device")
 }
 
+/// A private Device with the environment's options (`Options::from_env`: the adapter it
+/// names, say) and `f` applied to them.
+pub fn dev_with(f: impl FnOnce(&mut Options)) -> Device {
+    let mut options = Options::from_env().expect("the environment's options");
+    f(&mut options);
+    Device::with_options(&options).expect("creating a private wgrad Device")
+}
+
 /// A private Device whose f32 products stay on the tiled f32 kernel (on an adapter with
 /// cooperative matrices they would otherwise run as X3 products): for tests of that kernel.
 pub fn tiled_dev() -> Device {
-    Device::with_options(&wgrad::DeviceOptions {
-        f32_tensor_cores: Some(false),
-        ..Default::default()
-    })
-    .expect("creating a private wgrad Device")
+    dev_with(|o| o.precision.f32_matmul = wgrad::config::F32Matmul::Tiled)
 }
 
 /// A private Device that sums a split product's ranges of K in a second dispatch (as on Metal
 /// and DX12), for tests that count that dispatch.
 pub fn split_sum_dev() -> Device {
-    Device::with_options(&wgrad::DeviceOptions {
-        split_in_one_dispatch: Some(false),
-        ..Default::default()
-    })
-    .expect("creating a private wgrad Device")
+    dev_with(|o| o.kernels.split_in_one_dispatch = Some(false))
 }
 
 /// A seeded RNG per test: seed = FNV-1a(tag) ^ $WGRAD_TEST_SEED (0 when unset), so a run is

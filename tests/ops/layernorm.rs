@@ -306,9 +306,8 @@ fn dispatch_counts() -> Result<()> {
     let mut rng = rng("layernorm_dispatches");
     let shape = [33, 768];
     let (x, gamma, beta) = inputs(&mut rng, &shape);
-    // The parameter sums in the backward's dispatch (asked for, where the device can), then in a
-    // second.
-    for d in [ln_one_dev(), ln_dev(false)] {
+    {
+        let d = private_dev();
         let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0).upload(&d);
         let mut counts = Vec::new();
         for fused in [true, false] {
@@ -324,21 +323,13 @@ fn dispatch_counts() -> Result<()> {
             let c2 = d.counters();
             counts.push(((c1 - c0).forward_dispatches, (c2 - c1).backward_dispatches));
         }
-        let sums = !ln_sums_in_one_dispatch(&d) as u64;
         println!(
-            "layer_norm dispatches (forward, backward), sums in {} dispatch: fused {:?}, \
-             unfused {:?}",
-            if sums == 0 {
-                "the backward's"
-            } else {
-                "a second"
-            },
-            counts[0],
-            counts[1]
+            "layer_norm dispatches (forward, backward): fused {:?}, unfused {:?}",
+            counts[0], counts[1]
         );
         // Forward: one kernel. Backward: dx with the chunks' partial dgamma and dbeta, and
-        // both sums in the same dispatch or a second.
-        assert_eq!(counts[0], (1, 1 + sums));
+        // both sums in a second dispatch.
+        assert_eq!(counts[0], (1, 2));
     }
     Ok(())
 }
@@ -349,12 +340,13 @@ fn dispatch_counts_with_an_f16_output_and_some_gradients() -> Result<()> {
     let shape = [33, 768];
     let (x, gamma, beta) = inputs(&mut rng, &shape);
     let seed = Arr::rand(&mut rng, &shape, -1.0, 1.0);
-    for d in [ln_one_dev(), ln_dev(false)] {
+    {
+        let d = private_dev();
         let seed = Tensor::from_slice_as(&d, &seed.f32s(), &shape, DType::F16)?;
-        let sums = !ln_sums_in_one_dispatch(&d) as u64;
+        let sums = 1;
         // (x, gamma, beta wanting a gradient) -> backward dispatches: dx alone is one; the
         // parameters take the partials (with dx where wanted) and their sums for one or both,
-        // in the same dispatch or a second.
+        // in a second dispatch.
         for (want, backward) in [
             ([true, true, true], 1 + sums),
             ([true, false, false], 1),
@@ -526,68 +518,30 @@ fn zero_rows_give_zero_gamma_and_beta_gradients() -> Result<()> {
     Ok(())
 }
 
-/// The backward's chunks over `rows` rows, and their groups where it sums dgamma and dbeta in
-/// its own dispatch (`ops::layernorm`'s defaults: chunks of 2 rows or more, 1024 at most, in
-/// groups of ceil(sqrt(chunks))).
-fn chunks_and_groups(rows: usize) -> (usize, usize) {
-    let chunks = rows.div_ceil(2).clamp(1, 1024);
-    let group = (1..).find(|g| g * g >= chunks).expect("a group size");
-    (chunks, chunks.div_ceil(group))
+/// The backward's chunks over `rows` rows (`ops::layernorm`'s defaults: chunks of 2 rows or
+/// more, 1024 at most).
+fn chunks(rows: usize) -> usize {
+    rows.div_ceil(2).clamp(1, 1024)
 }
 
-/// Whether `d`'s LayerNorm backward sums dgamma and dbeta in its own dispatch (as
-/// `ops::layernorm` decides for the shapes the tests use).
-fn ln_sums_in_one_dispatch(d: &Device) -> bool {
-    d.layernorm_sums_in_one_dispatch()
-}
-
-/// A private Device summing the LayerNorm backward's dgamma and dbeta in its own dispatch
-/// where it can (Vulkan and the noop backend; not by default).
-fn ln_one_dev() -> Device {
-    ln_dev(true)
-}
-
-/// A private Device summing the LayerNorm backward's dgamma and dbeta in its own dispatch
-/// (where it can) or in a second, `WGRAD_LN_SUM` overridden.
-fn ln_dev(one: bool) -> Device {
-    Device::with_options(&wgrad::DeviceOptions {
-        layernorm_sums_in_one_dispatch: Some(one),
-        ..Default::default()
-    })
-    .expect("creating a private wgrad Device")
-}
-
-/// Asked to, the backward sums dgamma and dbeta in its own dispatch where the device can
-/// (`layernorm_backward_params`: the last workgroup of each group of chunks sums the group's
-/// partials, the last of those the groups'; on Vulkan, lavapipe among them): one dispatch fewer
-/// than with the sums in a second dispatch. Each way against f64 into NaN-poisoned buffers, at
-/// shapes of one chunk, of one group, of groups and chunks that do not divide, of C past the
-/// 1024 columns a lane keeps in registers and past 2048, and of chunks past the rows; for each
-/// set of inputs wanting a gradient (dgamma and dbeta written, added into, or not wanted), three
-/// backward passes in a row: written, added into (the tickets back at 0 after the first, or
-/// the second sums nothing), written again after zero_grad, with the same bits as the first.
+/// dgamma and dbeta, each written, added into, or not wanted, against f64 into NaN-poisoned
+/// buffers, at shapes of one chunk, of chunks that do not divide the rows, of C past the 1024
+/// columns a lane keeps in registers and past 2048, and of chunks past the rows; for each set
+/// of inputs wanting a gradient, three backward passes in a row: written, added into, written
+/// again after zero_grad, with the same bits as the first. (Summed in the backward's own
+/// dispatch instead of a second, they measured slower: docs/decisions.md.)
 #[test]
-fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
-    // The sums in the backward's dispatch where the device can (asked for), against a
-    // second dispatch (the default).
-    let one = ln_one_dev();
-    let vulkan = one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan;
-    let two = ln_dev(false);
-    let saved = ln_sums_in_one_dispatch(&one) as u64;
-    assert!(
-        !vulkan || saved == 1 || std::env::var("WGRAD_SPLIT_SUM").is_ok(),
-        "Vulkan sums dgamma and dbeta in the backward's dispatch when asked"
-    );
-    assert!(!ln_sums_in_one_dispatch(&two));
+fn backward_sums_the_parameter_gradients_into_every_target_mode() -> Result<()> {
+    let d = &private_dev();
     let mut rng = rng("layernorm_params_in_one_dispatch");
-    // (rows, C): chunks of 2 rows (at most 1024 of them) in groups of ceil(sqrt(chunks)).
+    // (rows, C): chunks of 2 rows (at most 1024 of them).
     for (rows, cols) in [
         (1, 7),     // 1 chunk
-        (4, 300),   // 2 chunks, 1 group of 2
-        (37, 1030), // 19 chunks (the last of 1 row), 4 groups of 5 (the last of 4)
-        (70, 2100), // 35 chunks, 6 groups of 6 (the last of 5); 3 tail passes over C
-        (513, 768), // 257 chunks, 16 groups of 17 (the last of 2)
-        (2500, 33), // 1024 chunks of 3 rows (190 past the rows), 32 groups of 32
+        (4, 300),   // 2 chunks
+        (37, 1030), // 19 chunks (the last of 1 row)
+        (70, 2100), // 35 chunks; 3 passes over C
+        (513, 768), // 257 chunks
+        (2500, 33), // 1024 chunks of 3 rows (190 past the rows)
     ] {
         let shape = [rows, cols];
         let (x, gamma, beta) = inputs(&mut rng, &shape);
@@ -603,17 +557,15 @@ fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
             ([false, true, true], true),
             ([true, false, false], false),
         ] {
-            let mut counts = Vec::new();
-            for d in [&one, &two] {
+            {
                 let what = |e: &str| {
                     format!(
-                        "{e} {shape:?}, wanting {wants:?}{}, sums in {} dispatch",
+                        "{e} {shape:?}, wanting {wants:?}{}",
                         if fresh_beta {
                             " (beta new every pass)"
                         } else {
                             ""
-                        },
-                        if d.same(&one) { "its own" } else { "a second" }
+                        }
                     )
                 };
                 let leaf = |a: &Arr, w: bool| {
@@ -627,7 +579,6 @@ fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
                 let [px, pg, mut pb] =
                     [(&x, 0), (&gamma, 1), (&beta, 2)].map(|(a, i)| leaf(a, wants[i]));
                 let seed = dy.upload(d);
-                let mut count = Vec::new();
                 let mut first: Vec<Vec<f32>> = Vec::new();
                 for pass in 1..=3 {
                     if pass == 3 {
@@ -640,20 +591,12 @@ fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
                     }
                     let y = px.layer_norm(&pg, &pb, EPS)?;
                     // NaN in every buffer an output or the partials may take.
-                    let (chunks, groups) = chunks_and_groups(rows);
-                    for n in [
-                        cols,
-                        rows * cols,
-                        2 * chunks * cols,
-                        2 * (chunks + groups) * cols,
-                    ] {
+                    for n in [cols, rows * cols, 2 * chunks(rows) * cols] {
                         poison(d, n);
                     }
                     d.sync()?;
-                    let before = d.counters().dispatches;
                     y.backward_with(&seed)?;
                     d.sync()?;
-                    count.push(d.counters().dispatches - before);
                     let mut got = Vec::new();
                     for (i, (p, name)) in [(&px, "dx"), (&pg, "dgamma"), (&pb, "dbeta")]
                         .into_iter()
@@ -687,15 +630,7 @@ fn backward_sums_the_parameter_gradients_in_its_own_dispatch() -> Result<()> {
                         _ => {}
                     }
                 }
-                counts.push(count);
             }
-            let params = (wants[1] || wants[2]) as u64;
-            let fewer: Vec<u64> = counts[0].iter().map(|c| c + saved * params).collect();
-            assert_eq!(
-                fewer, counts[1],
-                "{shape:?} wanting {wants:?}: backward dispatches with the sums in its own \
-                 dispatch (plus {saved} where dgamma or dbeta is wanted), then in a second"
-            );
         }
     }
     Ok(())

@@ -330,18 +330,19 @@ fn a_split_product_sums_its_ranges_in_its_own_dispatch() -> Result<()> {
     use wgrad::kernels::matmul_coop::Coop;
     use wgrad::kernels::tuning::TileChoice;
     use wgrad::ops::autocast;
-    let options = |one| wgrad::DeviceOptions {
-        f32_tensor_cores: Some(false),
-        split_in_one_dispatch: one,
-        ..Default::default()
+    let options = |one| {
+        let mut o = wgrad::Options::default();
+        o.precision.f32_matmul = wgrad::config::F32Matmul::Tiled;
+        o.kernels.split_in_one_dispatch = one;
+        o
     };
-    // The sum in the product's dispatch wherever it is the default (whatever
-    // WGRAD_SPLIT_SUM says), against a second dispatch.
+    // The sum in the product's dispatch wherever it is the default, against a second
+    // dispatch.
     let one = wgrad::Device::with_options(&options(None))?;
     let vulkan = one.gpu().info.backend == wgrad::wgpu::Backend::Vulkan;
     if vulkan {
         assert!(
-            std::env::var("WGRAD_SPLIT_SUM").is_ok() || one.split_in_one_dispatch(),
+            one.split_in_one_dispatch(),
             "Vulkan sums a split in one dispatch"
         );
     }

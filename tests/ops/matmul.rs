@@ -195,7 +195,8 @@ fn matmul_split_k_writes_accumulates_and_reaches_views() {
     let d = dev();
     let mut rng = rng("matmul split k");
     let (m, k, n) = (37, 3001, 29);
-    assert!(split_k(4, k) > 1, "the shape splits K");
+    let target = wgrad::kernels::matmul::SPLIT_TARGET_GROUPS;
+    assert!(split_k(4, k, target) > 1, "the shape splits K");
     check_matmul(d, &mut rng, (m, k, n), false, false);
     check_matmul(d, &mut rng, (m, k, n), true, false);
     // dW = x^T g over K = 3001 rows, twice: the second adds into the first.
