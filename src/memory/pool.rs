@@ -144,7 +144,7 @@ pub struct BufferPool {
     /// Free buffers by class, each class ordered by buffer id: a request takes the oldest
     /// buffer, so the same sequence of requests and releases gets the same buffers every step
     /// (and the bind groups cached for them keep hitting). LIFO lists reshuffle instead: a
-    /// repeated workload created new bind groups for 12 repeats (tests/ops.rs, lavapipe).
+    /// repeated workload created new bind groups for 12 repeats (tests/ops/runtime.rs, lavapipe).
     free: HashMap<u64, FreeClass>,
     /// Classes given a buffer back while the open Segment was recorded.
     opened: Vec<u64>,
