@@ -102,7 +102,7 @@ mod imp {
         }
 
         pub fn ablation(&self) -> Ablation {
-            Ablation::default()
+            Ablation::NONE
         }
 
         pub fn bias_grad_in_product(&self) -> Option<bool> {

@@ -553,7 +553,7 @@ mod tests {
 
     #[test]
     fn the_generated_part_names_every_accumulator_and_unit_once() {
-        let none = Ablation::default();
+        let none = Ablation::NONE;
         let t = COOP_TILES[0];
         let src = generated(t, Coop::NVIDIA, false, none);
         let frags = (t.fm * t.fn_) as usize;
@@ -604,7 +604,7 @@ mod tests {
     #[test]
     fn ablations_leave_their_parts_out() {
         let t = COOP_TILES[0];
-        let full = generated(t, Coop::NVIDIA, false, Ablation::default());
+        let full = generated(t, Coop::NVIDIA, false, Ablation::NONE);
         let ab = Ablation::parse("nomultiply,noepilogue").expect("known parts");
         let cut = generated(t, Coop::NVIDIA, false, ab);
         assert_eq!(cut.matches("coopMultiplyAdd").count(), 0);

@@ -486,7 +486,7 @@ impl Variant {
             c,
             ones: false,
             x3: false,
-            ablation: Ablation::default(),
+            ablation: Ablation::NONE,
         }
     }
 
@@ -556,6 +556,9 @@ pub struct Ablation;
 
 #[cfg(not(feature = "lab"))]
 impl Ablation {
+    /// Nothing left out.
+    pub const NONE: Ablation = Ablation;
+
     #[inline(always)]
     pub fn leaves_out(&self, _part: &str) -> bool {
         false
@@ -584,6 +587,12 @@ pub struct Ablation {
 
 #[cfg(feature = "lab")]
 impl Ablation {
+    /// Nothing left out.
+    pub const NONE: Ablation = Ablation {
+        parts: 0,
+        pad_bytes: 0,
+    };
+
     pub const PARTS: [&'static str; 7] = [
         "noglobal",
         "nostore",
@@ -596,7 +605,7 @@ impl Ablation {
 
     /// The parts a comma list names; the first it does not know, as the error.
     pub fn parse(list: &str) -> Result<Ablation, String> {
-        let mut a = Ablation::default();
+        let mut a = Ablation::NONE;
         for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let i = Self::PARTS
                 .iter()

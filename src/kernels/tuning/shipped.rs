@@ -88,7 +88,12 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tiles");
         let mut files: Vec<String> = std::fs::read_dir(&dir)
             .expect("tiles/")
-            .map(|e| e.expect("an entry").file_name().to_string_lossy().into_owned())
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .filter(|f| f.ends_with(".json"))
             .collect();
         files.sort();
