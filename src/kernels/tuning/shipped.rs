@@ -69,7 +69,7 @@ mod tests {
             Some((1, false))
         );
         assert_eq!(
-            nearest_shipped(&tables, "GPU A", "575.1.1"),
+            nearest_shipped(&tables, "GPU A", "572.1.1"),
             Some((2, false))
         );
         assert_eq!(
