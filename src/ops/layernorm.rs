@@ -384,31 +384,39 @@ impl Tensor {
     }
 }
 
+/// The CPU f64 reference of what the backward computes from the saved statistics (`mean`,
+/// `rstd` per row of `gamma.len()` columns): the gradients [dx, dgamma, dbeta] of
+/// sum(layer_norm(x) * dy). With xhat = (x - mean) rstd and dxhat = dy gamma per row,
+/// dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)); dgamma = sum over rows of
+/// dy xhat; dbeta = sum over rows of dy. The tests' one LayerNorm backward reference (theirs
+/// takes its statistics from x, then calls this).
+pub fn backward_reference(
+    x: &[f64],
+    gamma: &[f64],
+    dy: &[f64],
+    stats: &[(f64, f64)],
+) -> [Vec<f64>; 3] {
+    let cols = gamma.len();
+    let n = cols as f64;
+    let (mut dx, mut dgamma, mut dbeta) = (Vec::new(), vec![0.0; cols], vec![0.0; cols]);
+    for ((row, dy), &(mean, rstd)) in x.chunks(cols).zip(dy.chunks(cols)).zip(stats) {
+        let xhat: Vec<f64> = row.iter().map(|&v| (v - mean) * rstd).collect();
+        let dxhat: Vec<f64> = (0..cols).map(|c| dy[c] * gamma[c]).collect();
+        let m1 = dxhat.iter().sum::<f64>() / n;
+        let m2 = (0..cols).map(|c| dxhat[c] * xhat[c]).sum::<f64>() / n;
+        for c in 0..cols {
+            dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
+            dgamma[c] += dy[c] * xhat[c];
+            dbeta[c] += dy[c];
+        }
+    }
+    [dx, dgamma, dbeta]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Device;
-
-    /// dx, dgamma, dbeta of sum(LN(x) * dy) in f64 from the saved statistics, over rows of
-    /// `gamma.len()`.
-    fn backward_ref(x: &[f32], gamma: &[f32], dy: &[f32], stats: &[(f32, f32)]) -> [Vec<f64>; 3] {
-        let cols = gamma.len();
-        let n = cols as f64;
-        let (mut dx, mut dgamma, mut dbeta) = (Vec::new(), vec![0.0; cols], vec![0.0; cols]);
-        for ((row, dy), &(mean, rstd)) in x.chunks(cols).zip(dy.chunks(cols)).zip(stats) {
-            let (mean, rstd) = (mean as f64, rstd as f64);
-            let xhat: Vec<f64> = row.iter().map(|&v| (v as f64 - mean) * rstd).collect();
-            let dxhat: Vec<f64> = (0..cols).map(|c| dy[c] as f64 * gamma[c] as f64).collect();
-            let m1 = dxhat.iter().sum::<f64>() / n;
-            let m2 = (0..cols).map(|c| dxhat[c] * xhat[c]).sum::<f64>() / n;
-            for c in 0..cols {
-                dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
-                dgamma[c] += dy[c] as f64 * xhat[c];
-                dbeta[c] += dy[c] as f64;
-            }
-        }
-        [dx, dgamma, dbeta]
-    }
 
     /// dgamma and dbeta into strided targets at offsets of one buffer (every third element from
     /// 1 and from 2, 0.5 beforehand), written, added into or not asked for, each with and
@@ -430,7 +438,10 @@ mod tests {
                     .chunks(cols)
                     .map(|r| (r.iter().sum::<f32>() / cols as f32, 0.5 + r[0].abs()))
                     .collect();
-                let want = backward_ref(&x, &gamma, &dy, &stats);
+                let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+                let stats64: Vec<(f64, f64)> =
+                    stats.iter().map(|&(m, r)| (m as f64, r as f64)).collect();
+                let want = backward_reference(&f64s(&x), &f64s(&gamma), &f64s(&dy), &stats64);
                 let upload = |v: &[f32], shape: &[usize]| {
                     Tensor::from_slice(&dev, v, shape).expect("upload")
                 };

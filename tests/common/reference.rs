@@ -219,26 +219,20 @@ pub fn layer_norm(x: &Arr, gamma: &Arr, beta: &Arr, eps: f64) -> Arr {
     Arr::new(&x.shape, y)
 }
 
-/// The gradients [dx, dgamma, dbeta] of sum(layer_norm(x, gamma, beta) * dy): with xhat the
-/// normalized row and dxhat = dy gamma, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat
-/// xhat)); dgamma = sum over rows of dy xhat; dbeta = sum over rows of dy.
+/// The gradients [dx, dgamma, dbeta] of sum(layer_norm(x, gamma, beta) * dy): the statistics
+/// of each row of x (`layer_norm_stats`), then the engine's own f64 reference of the backward
+/// from them (`wgrad::ops::layer_norm_backward_reference`: with xhat the normalized row and
+/// dxhat = dy gamma, dx = rstd (dxhat - mean(dxhat) - xhat mean(dxhat xhat)); dgamma = sum
+/// over rows of dy xhat; dbeta = sum over rows of dy).
 pub fn layer_norm_backward(x: &Arr, gamma: &Arr, dy: &Arr, eps: f64) -> [Arr; 3] {
     let cols = gamma.numel();
-    let n = cols as f64;
-    let mut dx = Vec::with_capacity(x.numel());
-    let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
-    for (row, dy) in x.data.chunks(cols).zip(dy.data.chunks(cols)) {
-        let (mean, rstd) = layer_norm_stats(row, eps);
-        let xhat: Vec<f64> = row.iter().map(|v| (v - mean) * rstd).collect();
-        let dxhat: Vec<f64> = dy.iter().zip(&gamma.data).map(|(d, g)| d * g).collect();
-        let m1 = dxhat.iter().sum::<f64>() / n;
-        let m2 = dxhat.iter().zip(&xhat).map(|(a, b)| a * b).sum::<f64>() / n;
-        for c in 0..cols {
-            dx.push(rstd * (dxhat[c] - m1 - xhat[c] * m2));
-            dgamma[c] += dy[c] * xhat[c];
-            dbeta[c] += dy[c];
-        }
-    }
+    let stats: Vec<(f64, f64)> = x
+        .data
+        .chunks(cols)
+        .map(|row| layer_norm_stats(row, eps))
+        .collect();
+    let [dx, dgamma, dbeta] =
+        wgrad::ops::layer_norm_backward_reference(&x.data, &gamma.data, &dy.data, &stats);
     [
         Arr::new(&x.shape, dx),
         Arr::new(&gamma.shape, dgamma),
