@@ -465,3 +465,46 @@ mod imp {
 }
 
 pub use imp::Lab;
+
+#[cfg(all(test, feature = "lab"))]
+mod tests {
+    use crate::config::Options;
+    use crate::kernels::attention::Pass;
+
+    #[test]
+    fn lab_variables_set_their_knobs_and_bad_values_name_the_variable() {
+        let o = Options::from_vars(&[
+            ("WGRAD_COOP_TILE", "2x4/4x2/64"),
+            ("WGRAD_ATTN_TILE", "4x32,bwd=2x16"),
+            ("WGRAD_SPLIT_SUM", "dispatch"),
+            ("WGRAD_SKIP_KERNELS", "attn_fwd,adamw"),
+            ("WGRAD_SCHEDULE", "recorded"),
+            ("WGRAD_COOP_ABLATE", "nostore"),
+        ])
+        .expect("read");
+        let lab = &o.lab;
+        assert_eq!(lab.coop_tile().map(|t| t.name()), Some("2x4/4x2/64".into()));
+        assert_eq!(
+            (
+                lab.attention_tile(Pass::Forward),
+                lab.attention_tile(Pass::Dkv)
+            ),
+            (Some((4, 32)), Some((2, 16)))
+        );
+        assert_eq!(o.kernels.split_in_one_dispatch, Some(false));
+        assert!(lab.skips("adamw") && !lab.skips("matmul"));
+        assert_eq!(lab.schedule_window(), Some(0));
+        assert!(lab.ablation().leaves_out("nostore") && !lab.ablation().leaves_out("noglobal"));
+        assert!(o.variables_set().contains(&"WGRAD_COOP_TILE"));
+        for (name, value) in [
+            ("WGRAD_COOP_TILE", "2x2"),
+            ("WGRAD_COOP_ABLATE", "nothing"),
+            ("WGRAD_LN_CHUNKS", "0,2"),
+        ] {
+            let e = Options::from_vars(&[(name, value)])
+                .expect_err(name)
+                .to_string();
+            assert!(e.contains(name), "{e}");
+        }
+    }
+}
