@@ -480,7 +480,10 @@ mod tests {
             logits: Float::F32,
             ..a
         };
-        assert_eq!(a.differences(&b), ["logits: \"f16\" -> \"f32\""]);
+        assert_eq!(
+            a.differences(&b),
+            ["logits: \"f16\" -> \"f32\" (WGRAD_LOGITS)"]
+        );
         assert!(a.differences(&a).is_empty());
     }
 }

@@ -126,17 +126,14 @@ impl Precision {
         ("f32_matmul", "WGRAD_F32_MATMUL"),
     ];
 
-    /// The fields on which `self` and `other` differ, as `name: self -> other`.
+    /// The fields on which `self` and `other` differ, as `name: self -> other (VARIABLE)`.
     pub fn differences(&self, other: &Precision) -> Vec<String> {
         let a = serde_json::to_value(self).expect("precision serializes");
         let b = serde_json::to_value(other).expect("precision serializes");
-        let (a, b) = (a.as_object().cloned(), b.as_object().cloned());
-        let (Some(a), Some(b)) = (a, b) else {
-            return Vec::new();
-        };
-        a.iter()
-            .filter(|(k, v)| b.get(*k) != Some(*v))
-            .map(|(k, v)| format!("{k}: {v} -> {}", b.get(k).cloned().unwrap_or_default()))
+        Precision::VARIABLES
+            .iter()
+            .filter(|(field, _)| a[field] != b[field])
+            .map(|(field, var)| format!("{field}: {} -> {} ({var})", a[field], b[field]))
             .collect()
     }
 }

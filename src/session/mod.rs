@@ -129,24 +129,13 @@ fn check_precision(dir: &Path, saved: &Precision, device: &Device, amp: bool) ->
     if differences.is_empty() {
         return Ok(());
     }
-    let named: Vec<String> = differences
-        .iter()
-        .map(|d| {
-            let field = d.split(':').next().unwrap_or_default();
-            let var = Precision::VARIABLES
-                .iter()
-                .find(|(f, _)| *f == field)
-                .map_or("", |(_, v)| v);
-            format!("{d} ({var})")
-        })
-        .collect();
     Err(Error::InvalidArgument {
         op: "--resume",
         reason: format!(
             "{} was trained with another precision than this run's, so it would not continue \
              the same losses: {} (saved -> now; set the variables as the run had them)",
             dir.display(),
-            named.join(", ")
+            differences.join(", ")
         ),
     })
 }
