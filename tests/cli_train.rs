@@ -329,10 +329,13 @@ fn bad_input_is_a_clear_error_and_overwrites_nothing() -> Result<()> {
     )?;
     drop(session);
     let before = snapshot(&ckpt);
+    // --overwrite: past the directory's own check, to each input's.
     let control = RunControl {
         eval_every: 1,
         save_every: 1,
         out: Some(ckpt.clone()),
+        overwrite: true,
+        ..Default::default()
     };
     let attempt = |options: TrainOptions| -> String {
         let result = TrainSession::new(&dev, options).and_then(|mut s| s.run(&control, |_| {}));

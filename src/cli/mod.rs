@@ -9,6 +9,7 @@ mod info;
 mod limits;
 mod profile;
 mod setup;
+mod signals;
 mod train;
 mod wgsl;
 

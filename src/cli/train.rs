@@ -7,9 +7,11 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::signals;
 use indicatif::{ProgressBar, ProgressStyle};
 use wgrad::session::{
-    Event, ModelSource, OptionFlags, RunControl, RunSummary, Schedule, StepReport, TrainSession,
+    saved_run_id, Event, Interrupt, ModelSource, OptionFlags, OutDir, OutPolicy, RunControl,
+    RunSummary, Schedule, StepReport, TrainSession,
 };
 use wgrad::{Device, Result};
 
@@ -76,6 +78,11 @@ pub struct Args {
     /// [default: the --resume directory; else nothing is saved].
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Let --out be a directory that holds something else: another run's checkpoint, another
+    /// model (its files that would contradict the saved one are removed), the --model
+    /// directory. Without it such a directory is refused before the first step.
+    #[arg(long)]
+    overwrite: bool,
     /// Continue the run saved in this directory, with its settings (--steps may move the end).
     #[arg(long)]
     resume: Option<PathBuf>,
@@ -113,16 +120,34 @@ impl Args {
 }
 
 pub fn run(args: &Args) -> Result<()> {
+    // --out's checks before anything loads (the run checks again, holding the directory).
+    if let Some(out) = &args.out {
+        let run_id = args.resume.as_deref().and_then(saved_run_id);
+        OutDir::open(
+            out,
+            &OutPolicy {
+                run_id: run_id.as_deref().unwrap_or(""),
+                model_dir: args.model.as_deref(),
+                resumed_from: args.resume.as_deref(),
+                overwrite: args.overwrite,
+            },
+        )?;
+    }
     let dev = Device::new()?;
     let mut session = match &args.resume {
         Some(dir) => TrainSession::resume(&dev, dir, &args.flags())?,
         None => TrainSession::new(&dev, args.flags().new_run())?,
     };
+    let interrupt = Interrupt::new();
     let control = RunControl {
         eval_every: args.eval_every,
         save_every: args.save_every,
         out: args.out.clone().or(args.resume.clone()),
+        overwrite: args.overwrite,
+        interrupt: Some(interrupt.clone()),
     };
+    let saving = control.out.as_ref().map(|d| d.display().to_string());
+    let caught = signals::stop_on_signals(interrupt, saving);
     print_header(&session, &dev, args);
     let summary = if args.json {
         session.run(&control, |event| match event {
@@ -139,6 +164,19 @@ pub fn run(args: &Args) -> Result<()> {
         summary?
     };
     print_summary(&summary, args.json);
+    if let Some((name, status)) = caught.signal().filter(|_| summary.interrupted) {
+        let saved = match &summary.saved {
+            Some(dir) => format!(
+                "; saved at step {} in {} (continue with `wgrad train --resume {}`)",
+                summary.last_step,
+                dir.display(),
+                dir.display()
+            ),
+            None => "; nothing was saved (no --out)".into(),
+        };
+        eprintln!("stopped by {name} after step {}{saved}", summary.last_step);
+        std::process::exit(status);
+    }
     Ok(())
 }
 

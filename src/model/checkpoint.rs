@@ -13,8 +13,11 @@
 //! | metadata `hyper_parameters` | the run's settings, JSON, opaque here |
 //! | metadata `weights_fnv1a64` | a fingerprint of the model.safetensors saved with it |
 //!
-//! Every file is written under a temporary name and renamed. The weights go first and the
-//! state last; the fingerprint ties the two, so a save cut off between them (new weights, old
+//! A checkpoint is saved as one unit (`atomic.rs`): every file is staged under a temporary
+//! name, then one journal's rename commits them all, so whatever stops the process, the
+//! directory holds the previous checkpoint or the new one once `recover` has run (the next
+//! writer and `--resume` run it). The fingerprint, taken from the weights' bytes as written,
+//! ties the state to its weights: a directory whose files were mixed by hand (new weights, old
 //! state) is refused on resume instead of continuing from mismatched halves.
 
 use std::collections::HashMap;
@@ -24,10 +27,10 @@ use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
 
 use crate::error::{Error, Result};
-use crate::model::atomic::write_file;
+use crate::model::atomic::StagedFiles;
 use crate::model::batches::DataPosition;
 use crate::model::hf_config::HfConfig;
-use crate::model::safetensors_io::{save_pretrained, WEIGHTS_FILE};
+use crate::model::safetensors_io::{remove_other_model_files, stage_pretrained, WEIGHTS_FILE};
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{fnv1a64, FNV_OFFSET};
 use crate::nn::Parameters;
@@ -76,7 +79,8 @@ fn file_fingerprint(path: &Path) -> Result<u64> {
     Ok(fnv1a64(FNV_OFFSET, &bytes))
 }
 
-/// Writes the model directory and the training state into `dir` (created when missing).
+/// Writes the model directory and the training state into `dir` (created when missing), as
+/// one unit. The caller holds `dir`'s lock (`session::OutDir`).
 pub fn save_checkpoint(
     dir: &Path,
     config: &HfConfig,
@@ -94,8 +98,9 @@ pub fn save_checkpoint(
     if let Some(state) = opt.loss_scale_tensor() {
         host.push(("adamw.loss_scale".to_string(), state.to_vec()?));
     }
-    save_pretrained(dir, config, params, Some(tokenizer))?;
-    let weights = file_fingerprint(&dir.join(WEIGHTS_FILE))?;
+    let mut staged = StagedFiles::new(dir)?;
+    let weights_tmp = stage_pretrained(&mut staged, config, params, Some(tokenizer))?;
+    let weights = file_fingerprint(&weights_tmp)?;
 
     let metadata = HashMap::from([
         ("format".to_string(), STATE_FORMAT.to_string()),
@@ -122,7 +127,41 @@ pub fn save_checkpoint(
         path: dir.join(STATE_FILE).display().to_string(),
         reason: format!("serializing the training state: {e}"),
     })?;
-    write_file(&dir.join(STATE_FILE), &bytes)
+    staged.write(STATE_FILE, &bytes)?;
+    remove_other_model_files(&mut staged)?;
+    staged.commit()
+}
+
+/// The metadata of `dir`'s training state, read from the file's header alone (not its
+/// tensors, nor the weights' fingerprint): what a check of the directory needs.
+pub fn saved_metadata(dir: &Path) -> Result<HashMap<String, String>> {
+    use std::io::Read;
+    let path = dir.join(STATE_FILE);
+    let bad = |reason: String| Error::ModelFile {
+        path: path.display().to_string(),
+        reason,
+    };
+    let io = |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut file = std::fs::File::open(&path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(io)?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        return Err(bad(format!(
+            "a header of {len} bytes is not a training state's"
+        )));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let header: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| bad(format!("not a safetensors header ({e})")))?;
+    let meta = (header.get("__metadata__"))
+        .and_then(|m| serde_json::from_value(m.clone()).ok())
+        .unwrap_or_default();
+    Ok(meta)
 }
 
 /// Reads `dir`'s training state; an error when `dir` holds none, or a state that does not

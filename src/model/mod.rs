@@ -26,7 +26,9 @@ mod safetensors_io;
 mod tokenizer;
 
 pub use batches::{Batch, BatchSampler, DataPosition};
-pub use checkpoint::{read_train_state, save_checkpoint, SavedState, TrainState, STATE_FILE};
+pub use checkpoint::{
+    read_train_state, save_checkpoint, saved_metadata, SavedState, TrainState, STATE_FILE,
+};
 pub use data::{TokenDataset, DEFAULT_HELD_OUT};
 pub(crate) use eval::mean_loss;
 pub use eval::{eval_batch_size, evaluate, evaluate_text, EvalReport};

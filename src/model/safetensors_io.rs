@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, TensorView, View};
@@ -22,7 +22,7 @@ use safetensors::SafeTensors;
 
 use crate::error::{Error, Result};
 use crate::graph::Device;
-use crate::model::atomic::{sync_file, StagedFiles};
+use crate::model::atomic::{file_op, sync_file, StagedFiles};
 use crate::model::hf_config::HfConfig;
 use crate::model::tokenizer::Tokenizer;
 use crate::nn::Parameters;
@@ -234,14 +234,29 @@ impl View for HostTensor {
 
 /// Writes a directory that `GPT2LMHeadModel.from_pretrained(dir)` loads: config.json,
 /// model.safetensors (f32, Hugging Face names without prefix) and, when given, the tokenizer's
-/// files. Every file is staged under a temporary name in `dir` and renamed only once all are
-/// written: an existing directory keeps its old files if anything fails.
+/// files. The files are staged under temporary names in `dir` and put in place as one unit
+/// (`atomic.rs`), with the files of another model that would contradict them removed: an
+/// existing directory keeps its old files if anything fails.
 pub fn save_pretrained(
     dir: &Path,
     config: &HfConfig,
     params: &Parameters,
     tokenizer: Option<&Tokenizer>,
 ) -> Result<()> {
+    let mut staged = StagedFiles::new(dir)?;
+    stage_pretrained(&mut staged, config, params, tokenizer)?;
+    remove_other_model_files(&mut staged)?;
+    staged.commit()
+}
+
+/// Stages `save_pretrained`'s files into `staged`; returns the weights' temporary path.
+pub(crate) fn stage_pretrained(
+    staged: &mut StagedFiles,
+    config: &HfConfig,
+    params: &Parameters,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<PathBuf> {
+    let dir = staged.dir().to_path_buf();
     let specs = config.gpt2.param_specs();
     for spec in &specs {
         match params.specs().find(|s| s.name == spec.name) {
@@ -268,7 +283,6 @@ pub fn save_pretrained(
         ));
     }
 
-    let mut staged = StagedFiles::new(dir)?;
     let config_json = config.to_json();
     staged.write_with(CONFIG_FILE, |w| {
         std::io::Write::write_all(w, config_json.as_bytes())
@@ -280,12 +294,14 @@ pub fn save_pretrained(
         path: tmp.display().to_string(),
         source,
     };
+    file_op(&tmp)?;
     let permissions = File::create(&tmp)
         .and_then(|f| f.metadata())
         .map_err(io)?
         .permissions();
     // HF's loader requires the "format" metadata ("pt": tensors as PyTorch names them).
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    file_op(&tmp)?;
     safetensors::serialize_to_file(tensors, Some(metadata), &tmp).map_err(|e| {
         Error::ModelFile {
             path: dir.join(WEIGHTS_FILE).display().to_string(),
@@ -306,7 +322,70 @@ pub fn save_pretrained(
             staged.copy(name, src)?;
         }
     }
-    staged.commit()
+    Ok(tmp)
+}
+
+/// The files of a Hugging Face model directory besides the ones wgrad writes: another model's
+/// weights (shards and their index, other formats), its tokenizer and generation settings.
+/// Left beside a saved model they would win over it or contradict it (a `tokenizer.json`
+/// beside wgrad's vocab.json and merges.txt is the tokenizer `from_pretrained` takes).
+const MODEL_FILES: [&str; 14] = [
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "tf_model.h5",
+    "flax_model.msgpack",
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "generation_config.json",
+];
+
+/// A shard of a sharded checkpoint: `model-00001-of-00003.safetensors`,
+/// `pytorch_model-00001-of-00003.bin`.
+fn is_shard(name: &str) -> bool {
+    let stem = name
+        .strip_suffix(".safetensors")
+        .and_then(|s| s.strip_prefix("model-"))
+        .or_else(|| {
+            name.strip_suffix(".bin")
+                .and_then(|s| s.strip_prefix("pytorch_model-"))
+        });
+    let Some((i, n)) = stem.and_then(|s| s.split_once("-of-")) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    digits(i) && digits(n)
+}
+
+/// Registers for removal, in the same commit, every model file in the directory that the
+/// staged ones do not replace (`MODEL_FILES`, shards).
+pub(crate) fn remove_other_model_files(staged: &mut StagedFiles) -> Result<()> {
+    let dir = staged.dir().to_path_buf();
+    let written: HashSet<String> = staged.names().map(str::to_string).collect();
+    let entries = std::fs::read_dir(&dir).map_err(|source| Error::Io {
+        path: dir.display().to_string(),
+        source,
+    })?;
+    let mut gone = Vec::new();
+    for entry in entries.flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_string) else {
+            continue;
+        };
+        if !written.contains(&name) && (MODEL_FILES.contains(&name.as_str()) || is_shard(&name)) {
+            gone.push(name);
+        }
+    }
+    gone.sort();
+    for name in gone {
+        staged.remove_on_commit(&name);
+    }
+    Ok(())
 }
 
 #[cfg(test)]

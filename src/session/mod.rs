@@ -24,7 +24,14 @@ use crate::ops::{launch_copy, Out};
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::train::Trainer;
 
+mod interrupt;
 mod options;
+mod out_dir;
+#[cfg(test)]
+mod tests;
+
+pub use interrupt::Interrupt;
+pub use out_dir::{saved_run_id, OutDir, OutPolicy, LOCK_FILE};
 
 pub(crate) use options::check_options;
 pub use options::{
@@ -47,8 +54,13 @@ pub struct RunControl {
     pub eval_every: usize,
     /// A checkpoint into `out` every this many steps (0: only at the end).
     pub save_every: usize,
-    /// Where checkpoints go (None: nothing is saved).
+    /// Where checkpoints go (None: nothing is saved); checked before the first step
+    /// (`OutDir::open`).
     pub out: Option<PathBuf>,
+    /// Let `out` be a directory that holds something else (`--overwrite`).
+    pub overwrite: bool,
+    /// Stop after the current step (and save, with `out`) once this is requested.
+    pub interrupt: Option<Interrupt>,
 }
 
 /// One optimizer step, as the host saw it.
@@ -89,6 +101,8 @@ pub struct RunSummary {
     /// The whole run.
     pub wall: Duration,
     pub saved: Option<PathBuf>,
+    /// The run stopped early on `RunControl::interrupt`.
+    pub interrupted: bool,
 }
 
 /// Read back the losses once per about this much time of steps.
@@ -108,6 +122,26 @@ struct SavedOptions {
     /// was saved: the defaults, what those runs used unless the environment said otherwise.)
     #[serde(default)]
     precision: Precision,
+    /// The run's identity, the same across its resumes: a run may write over its own
+    /// checkpoints only (`OutDir`). (Missing in checkpoints written before it was saved.)
+    #[serde(default)]
+    run_id: Option<String>,
+}
+
+/// A new run's identity: unique enough to tell two runs' checkpoints apart.
+fn new_run_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut bytes = now.to_le_bytes().to_vec();
+    bytes.extend(std::process::id().to_le_bytes());
+    bytes.extend(NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    format!(
+        "{:016x}",
+        crate::model::fnv1a64(crate::model::FNV_OFFSET, &bytes)
+    )
 }
 
 pub struct TrainSession {
@@ -119,6 +153,10 @@ pub struct TrainSession {
     pub data: TokenDataset,
     sampler: BatchSampler,
     data_fingerprint: u64,
+    /// Saved with each checkpoint; kept by a resume.
+    run_id: String,
+    /// The checkpoint directory this session resumed.
+    resumed_from: Option<PathBuf>,
 }
 
 /// An error unless `device` runs with the precision the checkpoint in `dir` was trained with
@@ -211,12 +249,15 @@ impl TrainSession {
             data,
             sampler,
             data_fingerprint,
+            run_id: new_run_id(),
+            resumed_from: None,
         })
     }
 
     /// Continues the run saved in `dir` (by `save`): its weights, optimizer state, step and
     /// batch position, with its settings (`flags` may move the end or the data's path only).
     pub fn resume(device: &Device, dir: &Path, flags: &OptionFlags) -> Result<TrainSession> {
+        out_dir::finish_stopped_save(dir)?;
         let saved = read_train_state(dir)?;
         let meta: SavedOptions = serde_json::from_value(saved.state.hyper_parameters.clone())
             .map_err(|e| Error::ModelFile {
@@ -256,6 +297,10 @@ impl TrainSession {
         saved.restore_optimizer(&mut session.trainer.opt)?;
         session.trainer.step = step;
         session.sampler.set_position(saved.state.position)?;
+        if let Some(id) = meta.run_id {
+            session.run_id = id;
+        }
+        session.resumed_from = Some(dir.to_path_buf());
         Ok(session)
     }
 
@@ -295,13 +340,32 @@ impl TrainSession {
         mean_loss(model, held, chunk, eval_batch_size(model, chunk))
     }
 
-    /// Writes a checkpoint of the current step into `dir`.
-    pub fn save(&self, dir: &Path) -> Result<()> {
+    /// Checks, creates and locks `path` for this run's checkpoints (`OutDir::open`): refused
+    /// when it holds something else than this run's checkpoints, unless `overwrite`.
+    pub fn open_out(&self, path: &Path, overwrite: bool) -> Result<OutDir> {
+        let model_dir = match &self.options.model {
+            ModelSource::Dir(dir) => Some(dir.as_path()),
+            ModelSource::Preset(_) => None,
+        };
+        OutDir::open(
+            path,
+            &OutPolicy {
+                run_id: &self.run_id,
+                model_dir,
+                resumed_from: self.resumed_from.as_deref(),
+                overwrite,
+            },
+        )
+    }
+
+    /// Writes a checkpoint of the current step into `out`, as one unit.
+    pub fn save(&self, out: &OutDir) -> Result<()> {
         let device = self.trainer.model.params.device();
         let hyper = SavedOptions {
             options: self.options.clone(),
             data_tokens_fnv1a64: format!("{:016x}", self.data_fingerprint),
             precision: device.options().precision.in_effect(self.options.amp),
+            run_id: Some(self.run_id.clone()),
         };
         let state = TrainState {
             step: self.trainer.step as u64,
@@ -309,7 +373,7 @@ impl TrainSession {
             hyper_parameters: serde_json::to_value(&hyper).expect("the options serialize to JSON"),
         };
         save_checkpoint(
-            dir,
+            out.path(),
             &self.config,
             &self.trainer.model.params,
             &self.tokenizer,
@@ -352,6 +416,9 @@ impl TrainSession {
                 reason: "checkpoints need a directory: give --out DIR".into(),
             });
         }
+        let out = (control.out.as_deref())
+            .map(|path| self.open_out(path, control.overwrite))
+            .transpose()?;
         if control.eval_every > 0 {
             // Before any work: a held-out split too short for one sequence.
             self.data.held_out_batches(1, self.options.seq)?;
@@ -373,6 +440,7 @@ impl TrainSession {
             train_time: Duration::ZERO,
             wall: Duration::ZERO,
             saved: None,
+            interrupted: false,
         };
         while self.step() < until {
             let loss = self.record_step()?;
@@ -383,10 +451,12 @@ impl TrainSession {
             dev.flush();
             pending += 1;
             let step = self.step();
-            let last = step == until;
+            let stop = control.interrupt.as_ref().is_some_and(Interrupt::requested);
+            let end = step == until;
+            let last = end || stop;
             let eval_now =
-                control.eval_every > 0 && (step.is_multiple_of(control.eval_every) || last);
-            let save_now = control.out.is_some()
+                control.eval_every > 0 && (step.is_multiple_of(control.eval_every) || end);
+            let save_now = out.is_some()
                 && (last || (control.save_every > 0 && step.is_multiple_of(control.save_every)));
             if pending < read_every && !last && !eval_now && !save_now {
                 continue;
@@ -431,16 +501,20 @@ impl TrainSession {
             summary.final_loss = *losses.last().expect("one step at least");
             summary.tokens += pending * self.tokens_per_step();
             if save_now {
-                let dir = control.out.as_ref().expect("save_now needs out");
-                self.save(dir)?;
-                summary.saved = Some(dir.clone());
+                let out = out.as_ref().expect("save_now needs out");
+                self.save(out)?;
+                summary.saved = Some(out.path().to_path_buf());
                 on_event(&Event::Saved {
                     step,
-                    dir: dir.clone(),
+                    dir: out.path().to_path_buf(),
                 });
             }
             pending = 0;
             group_start = Instant::now();
+            if stop {
+                summary.interrupted = true;
+                break;
+            }
         }
         summary.last_step = self.step();
         summary.wall = started.elapsed();
