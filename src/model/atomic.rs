@@ -126,9 +126,8 @@ impl StagedFiles {
         if self.staged.len() == 1 && self.removals.is_empty() {
             let (tmp, dest) = self.staged.pop().expect("one file");
             return rename(&tmp, &dest)
-                .map_err(|e| {
+                .inspect_err(|_| {
                     let _ = std::fs::remove_file(&tmp);
-                    e
                 })
                 .and_then(|()| sync_dir(&self.dir));
         }

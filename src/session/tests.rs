@@ -73,7 +73,8 @@ fn a_save_killed_at_any_file_operation_leaves_a_resumable_checkpoint() {
 
     // The previous checkpoint, at step 1; the session moves on to step 2 unsaved.
     let base = scratch.path().join("base");
-    let mut session = TrainSession::new(device(), micro_options(&model, &data, 3)).expect("session");
+    let mut session =
+        TrainSession::new(device(), micro_options(&model, &data, 3)).expect("session");
     let control = RunControl {
         out: Some(base.clone()),
         ..Default::default()
@@ -88,7 +89,9 @@ fn a_save_killed_at_any_file_operation_leaves_a_resumable_checkpoint() {
     for at in 0.. {
         let dir = scratch.path().join(format!("k{at}"));
         copy_dir(&base, &dir);
-        let out = session.open_out(&dir, false).expect("the run's own checkpoint");
+        let out = session
+            .open_out(&dir, false)
+            .expect("the run's own checkpoint");
         stop_at(Some(at));
         let saved = session.save(&out);
         let finished = !stopped();
