@@ -8,7 +8,8 @@
 //! (and so its checkpoints) record in place of a path; `--data` and `eval --text` accept it.
 //! Checkpoints written before the corpus was compiled in recorded its absolute path in the
 //! checkout (`<checkout>/data/austen-persuasion.txt`): such a path, when the file is gone, is
-//! read as the built-in corpus (a resumed run still checks the tokens' fingerprint).
+//! read as the built-in corpus (a resumed run still checks the tokens' fingerprint, and records
+//! the name from then on). The name is reserved: a file called so is not read.
 
 use std::path::{Path, PathBuf};
 
@@ -175,5 +176,23 @@ mod tests {
         assert_eq!(builtin_corpus(&here), None);
         assert_eq!(builtin_corpus(Path::new(CHECKOUT_CORPUS)), None);
         assert_eq!(builtin_corpus(&gone.with_file_name("emma.txt")), None);
+    }
+
+    #[test]
+    fn an_old_checkpoints_checkout_path_resumes_as_the_named_corpus() {
+        use crate::session::{OptionFlags, TrainOptions};
+        let gone = std::env::temp_dir().join("wgrad-no-such-checkout/data/austen-persuasion.txt");
+        let old = TrainOptions {
+            data: gone,
+            ..TrainOptions::default()
+        };
+        let resumed = OptionFlags::default().resumed_run(&old).expect("resuming");
+        assert_eq!(resumed.data, default_corpus());
+        let file = TrainOptions {
+            data: PathBuf::from("/some/where/emma.txt"),
+            ..TrainOptions::default()
+        };
+        let resumed = OptionFlags::default().resumed_run(&file).expect("resuming");
+        assert_eq!(resumed.data, file.data, "another path is kept as recorded");
     }
 }

@@ -18,10 +18,8 @@ pub fn config(preset: Option<&str>, model_dir: Option<&Path>) -> Result<Gpt2Conf
             })?;
             (text, path.display().to_string())
         }
-        (Some(name), None) => (
-            Preset::named(name)?.config_json.to_string(),
-            format!("preset {name}"),
-        ),
+        // Parsed and checked as `train` does (`wgrad::assets::Preset::config`).
+        (Some(name), None) => return Ok(Preset::named(name)?.config()?.gpt2),
         (None, None) => unreachable!("clap gives a default preset"),
     };
     let config: Gpt2Config = serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {

@@ -347,5 +347,10 @@ mod tests {
         assert!(data.tokens().len() > 100_000, "{}", data.tokens().len());
         assert!(!data.from_cache() && data.cache_path().is_none());
         assert_eq!(data.path(), crate::assets::default_corpus());
+        // As an old checkpoint recorded it: the checkout's path, the file gone.
+        let gone = std::env::temp_dir().join("wgrad-no-such-checkout/data/austen-persuasion.txt");
+        let legacy = TokenDataset::load(&gone, &tok).expect("loading the old path");
+        assert_eq!(legacy.tokens(), data.tokens());
+        assert!(legacy.cache_path().is_none());
     }
 }

@@ -183,6 +183,11 @@ impl OptionFlags {
         if let Some(data) = &self.data {
             options.data = data.clone();
         }
+        // A checkpoint from before the corpus was compiled in recorded its checkout path: when
+        // that path now means the built-in corpus, the run records the corpus's name from here.
+        if crate::assets::builtin_corpus(&options.data).is_some() {
+            options.data = crate::assets::default_corpus();
+        }
         Ok(options)
     }
 }
