@@ -4,6 +4,10 @@
 //! `cargo install --path .`, which installs this same binary into another place
 //! (`~/.cargo/bin`).
 //!
+//! The copy cannot show that nothing is read from the checkout (the checkout is still there),
+//! so a second test reads the sources: outside tests, only src/assets.rs names the files under
+//! models/ and data/, and nothing uses the build directory's path (`CARGO_MANIFEST_DIR`).
+//!
 //! Kept cheap for lavapipe: one step of the tiny preset at 1 x 8 tokens, one resumed step, an
 //! evaluation of a two-line text and two generated tokens; the larger presets are looked up
 //! only as far as the check of `--seq` against their positions, before any allocation.
@@ -143,4 +147,67 @@ fn an_installed_binary_runs_from_any_directory() {
     let (_, stderr) = wgrad(&["generate", "--model", "D", "--max-tokens", "2"]);
     assert!(stderr.contains("2 new tokens"), "{stderr}");
     assert_eq!(listing(&bin.0), ["wgrad"]);
+}
+
+/// The `.rs` files under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("listing src/") {
+        let path = entry.expect("an entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn only_src_assets_finds_the_built_in_files() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(
+        files.len() > 50,
+        "{} files under {}",
+        files.len(),
+        src.display()
+    );
+    let texts: Vec<(PathBuf, String)> = files
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).expect("reading a source file");
+            (f, text)
+        })
+        .collect();
+    // Files that are test modules as a whole (`#[cfg(test)] #[path = "x_tests.rs"] mod tests;`).
+    let test_files: Vec<String> = texts
+        .iter()
+        .flat_map(|(_, t)| t.split("#[cfg(test)]\n#[path = \"").skip(1))
+        .filter_map(|rest| rest.split('"').next().map(str::to_string))
+        .collect();
+    let mut found = Vec::new();
+    for (path, text) in &texts {
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if test_files.contains(&name) {
+            continue;
+        }
+        // The code before the file's first test module (test modules come last).
+        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let rel = path.strip_prefix(&src).unwrap().display().to_string();
+        if code.contains("CARGO_MANIFEST_DIR") {
+            found.push(format!("{rel}: CARGO_MANIFEST_DIR"));
+        }
+        let names_assets = ["include_str!(\"", "include_bytes!(\""]
+            .iter()
+            .flat_map(|m| code.split(m).skip(1))
+            .filter_map(|arg| arg.split('"').next())
+            .any(|a| a.contains("models/") || a.contains("data/"));
+        if names_assets && rel != "assets.rs" {
+            found.push(format!("{rel}: includes a file of models/ or data/"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "only src/assets.rs finds the built-in files: {found:?}"
+    );
 }
