@@ -5,6 +5,7 @@
 //! layers: `config`, `device` -> `memory` -> `kernels` -> `graph` -> `autograd` -> `ops` ->
 //! `nn`, `optim` -> `model`, `session`.
 
+pub mod assets;
 pub mod autograd;
 pub mod config;
 pub mod device;

@@ -12,7 +12,7 @@ pub struct Args {
     /// A Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer).
     #[arg(long)]
     model: PathBuf,
-    /// The UTF-8 text to score.
+    /// The UTF-8 text to score (builtin:austen-persuasion.txt: the corpus compiled in).
     #[arg(long)]
     text: PathBuf,
     /// Tokens per chunk [default: the model's n_positions].

@@ -3,24 +3,11 @@
 
 use std::path::Path;
 
+use wgrad::assets::Preset;
 use wgrad::nn::{Gpt2, Gpt2Config};
 use wgrad::{Device, Error, Result, Tensor};
 
-/// The built-in presets (models/<name>/config.json, compiled in so the binary runs anywhere).
-const PRESETS: [(&str, &str); 3] = [
-    ("tiny", include_str!("../../models/tiny/config.json")),
-    (
-        "distilgpt2",
-        include_str!("../../models/distilgpt2/config.json"),
-    ),
-    ("gpt2", include_str!("../../models/gpt2/config.json")),
-];
-
-pub fn preset_names() -> Vec<&'static str> {
-    PRESETS.iter().map(|(n, _)| *n).collect()
-}
-
-/// The config of `--preset NAME` or `--model DIR` (DIR/config.json).
+/// The config of `--preset NAME` (built in: `wgrad::assets`) or `--model DIR` (DIR/config.json).
 pub fn config(preset: Option<&str>, model_dir: Option<&Path>) -> Result<Gpt2Config> {
     let (text, origin) = match (preset, model_dir) {
         (_, Some(dir)) => {
@@ -31,18 +18,8 @@ pub fn config(preset: Option<&str>, model_dir: Option<&Path>) -> Result<Gpt2Conf
             })?;
             (text, path.display().to_string())
         }
-        (Some(name), None) => match PRESETS.iter().find(|(n, _)| *n == name) {
-            Some((_, text)) => (text.to_string(), format!("preset {name}")),
-            None => {
-                return Err(Error::InvalidArgument {
-                    op: "--preset",
-                    reason: format!(
-                        "unknown preset `{name}` (known: {})",
-                        preset_names().join(", ")
-                    ),
-                })
-            }
-        },
+        // Parsed and checked as `train` does (`wgrad::assets::Preset::config`).
+        (Some(name), None) => return Ok(Preset::named(name)?.config()?.gpt2),
         (None, None) => unreachable!("clap gives a default preset"),
     };
     let config: Gpt2Config = serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {

@@ -31,7 +31,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "resume")]
     model: Option<PathBuf>,
     /// UTF-8 text to train on (tokenized once, cached beside it); its last 10% is held out
-    /// [default: the bundled data/austen-persuasion.txt].
+    /// [default: builtin:austen-persuasion.txt, the corpus compiled into wgrad].
     #[arg(long)]
     data: Option<PathBuf>,
     /// Sequences per micro-batch [default: 4].

@@ -6,6 +6,11 @@
 //! atomically, checked against its header when read, and rebuilt when it does not match. A
 //! directory that cannot be written only costs the cache (a warning), not the run.
 //!
+//! The built-in corpus (`crate::assets`, named `builtin:austen-persuasion.txt`) is tokenized in
+//! memory on each load, never cached: it is not a file of the user's to write beside, and its
+//! 120K tokens take a fraction of a second (the test `the_builtin_corpus_is_tokenized_in_memory`
+//! prints the time).
+//!
 //! Cache layout (little-endian): magic `WGRDTOK1`, text bytes u64, text FNV-1a u64, tokenizer
 //! fingerprint u64, token count u64, then the ids as u32.
 
@@ -29,7 +34,8 @@ pub struct TokenDataset {
     tokens: Arc<[u32]>,
     /// `tokens[..split]` trains, `tokens[split..]` is held out.
     split: usize,
-    cache_path: PathBuf,
+    /// None for a built-in corpus: tokenized in memory, never cached.
+    cache_path: Option<PathBuf>,
     from_cache: bool,
 }
 
@@ -107,8 +113,32 @@ fn read_text(path: &Path) -> Result<String> {
     })
 }
 
+/// The tokens of the text file `path`: from its cache when one matches, else tokenized and
+/// cached (a cache that cannot be written is a warning). Also the cache's path and whether
+/// the tokens came from it.
+fn cached_tokens(path: &Path, tokenizer: &Tokenizer) -> Result<(Vec<u32>, PathBuf, bool)> {
+    let text = read_text(path)?;
+    let key = CacheKey {
+        text_len: text.len() as u64,
+        text_hash: fnv1a64(FNV_OFFSET, text.as_bytes()),
+        tokenizer: tokenizer.fingerprint(),
+    };
+    let cache_path = key.path(path);
+    if let Some(ids) = key.read(&cache_path) {
+        return Ok((ids, cache_path, true));
+    }
+    let ids = tokenizer.encode(&text)?;
+    let mut bytes = key.header(ids.len());
+    bytes.extend_from_slice(bytemuck::cast_slice(&ids));
+    if let Err(e) = write_file(&cache_path, &bytes) {
+        tracing::warn!("not caching the token ids: {e}");
+    }
+    Ok((ids, cache_path, false))
+}
+
 impl TokenDataset {
-    /// The tokens of the text file `path`, the last `DEFAULT_HELD_OUT` of them held out.
+    /// The tokens of the text file `path` (or of the built-in corpus it names,
+    /// `crate::assets::builtin_corpus`), the last `DEFAULT_HELD_OUT` of them held out.
     pub fn load(path: &Path, tokenizer: &Tokenizer) -> Result<TokenDataset> {
         TokenDataset::load_with_held_out(path, tokenizer, DEFAULT_HELD_OUT)
     }
@@ -125,23 +155,11 @@ impl TokenDataset {
                 reason: format!("the held-out fraction {held_out} is not in [0, 1)"),
             });
         }
-        let text = read_text(path)?;
-        let key = CacheKey {
-            text_len: text.len() as u64,
-            text_hash: fnv1a64(FNV_OFFSET, text.as_bytes()),
-            tokenizer: tokenizer.fingerprint(),
-        };
-        let cache_path = key.path(path);
-        let (tokens, from_cache) = match key.read(&cache_path) {
-            Some(ids) => (ids, true),
+        let (tokens, cache_path, from_cache) = match crate::assets::builtin_corpus(path) {
+            Some(text) => (tokenizer.encode(text)?, None, false),
             None => {
-                let ids = tokenizer.encode(&text)?;
-                let mut bytes = key.header(ids.len());
-                bytes.extend_from_slice(bytemuck::cast_slice(&ids));
-                if let Err(e) = write_file(&cache_path, &bytes) {
-                    tracing::warn!("not caching the token ids: {e}");
-                }
-                (ids, false)
+                let (tokens, cache_path, from_cache) = cached_tokens(path, tokenizer)?;
+                (tokens, Some(cache_path), from_cache)
             }
         };
         let held = (tokens.len() as f64 * held_out).round() as usize;
@@ -171,9 +189,9 @@ impl TokenDataset {
         &self.tokens[self.split..]
     }
 
-    /// The cache file of these tokens.
-    pub fn cache_path(&self) -> &Path {
-        &self.cache_path
+    /// The cache file of these tokens (None for a built-in corpus, which is not cached).
+    pub fn cache_path(&self) -> Option<&Path> {
+        self.cache_path.as_deref()
     }
 
     /// Whether the tokens came from the cache (not from tokenizing the text).
@@ -216,7 +234,7 @@ impl TokenDataset {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::{gpt2_tokenizer_dir, repo_path, ScratchDir};
+    use crate::model::test_support::{gpt2_tokenizer_dir, ScratchDir};
 
     fn gpt2() -> Tokenizer {
         Tokenizer::from_dir(&gpt2_tokenizer_dir()).expect("the GPT-2 tokenizer")
@@ -232,9 +250,9 @@ mod tests {
         let first = TokenDataset::load(&path, &tok).expect("loading");
         assert!(!first.from_cache());
         assert!(
-            first.cache_path().is_file(),
-            "{}",
-            first.cache_path().display()
+            first.cache_path().is_some_and(Path::is_file),
+            "{:?}",
+            first.cache_path()
         );
         assert_eq!(first.tokens(), tok.encode(&text).unwrap());
         let second = TokenDataset::load(&path, &tok).expect("loading again");
@@ -249,7 +267,7 @@ mod tests {
         let edited = TokenDataset::load(&path, &tok).expect("loading the edit");
         assert!(!edited.from_cache());
         assert_ne!(edited.cache_path(), first.cache_path());
-        std::fs::write(edited.cache_path(), b"WGRDTOK1 garbage").expect("corrupting");
+        std::fs::write(edited.cache_path().unwrap(), b"WGRDTOK1 garbage").expect("corrupting");
         let rebuilt = TokenDataset::load(&path, &tok).expect("rebuilding");
         assert!(!rebuilt.from_cache());
         assert_eq!(rebuilt.tokens(), edited.tokens());
@@ -313,10 +331,26 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_corpus_loads() {
-        let path = repo_path("data/austen-persuasion.txt");
-        let text = read_text(&path).expect("the corpus is UTF-8");
-        assert!(text.len() > 300_000, "{} bytes", text.len());
-        assert!(text.starts_with("[Persuasion by Jane Austen 1818]"));
+    fn the_builtin_corpus_is_tokenized_in_memory() {
+        let tok = gpt2();
+        let started = std::time::Instant::now();
+        let data = TokenDataset::load(&crate::assets::default_corpus(), &tok).expect("loading");
+        eprintln!(
+            "the built-in corpus: {} tokens in {:?}",
+            data.tokens().len(),
+            started.elapsed()
+        );
+        assert_eq!(
+            data.tokens(),
+            tok.encode(crate::assets::DEFAULT_CORPUS).unwrap()
+        );
+        assert!(data.tokens().len() > 100_000, "{}", data.tokens().len());
+        assert!(!data.from_cache() && data.cache_path().is_none());
+        assert_eq!(data.path(), crate::assets::default_corpus());
+        // As an old checkpoint recorded it: the checkout's path, the file gone.
+        let gone = std::env::temp_dir().join("wgrad-no-such-checkout/data/austen-persuasion.txt");
+        let legacy = TokenDataset::load(&gone, &tok).expect("loading the old path");
+        assert_eq!(legacy.tokens(), data.tokens());
+        assert!(legacy.cache_path().is_none());
     }
 }

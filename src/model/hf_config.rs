@@ -175,30 +175,10 @@ fn f32_to_json(x: f32) -> Value {
 mod tests {
     use super::*;
 
-    const PRESETS: [&str; 3] = ["tiny", "distilgpt2", "gpt2"];
-
+    /// A built-in preset's config (the presets' own test is in `crate::assets`).
     fn preset(name: &str) -> HfConfig {
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}/config.json"));
-        HfConfig::read(&path).expect("reading a preset")
-    }
-
-    #[test]
-    fn presets_read_and_point_at_the_shared_tokenizer() {
-        for name in PRESETS {
-            let c = preset(name);
-            assert_eq!(c.gpt2.vocab_size, 50257, "{name}");
-            assert_eq!(c.gpt2.layer_norm_epsilon, 1e-5, "{name}");
-            let tok = c
-                .tokenizer_dir()
-                .expect("presets name a tokenizer directory");
-            assert!(
-                tok.join("vocab.json").is_file(),
-                "{name}: {}",
-                tok.display()
-            );
-        }
-        assert_eq!(preset("distilgpt2").gpt2.n_layer, 6);
-        assert_eq!(preset("gpt2").gpt2.n_layer, 12);
+        let preset = crate::assets::Preset::named(name).expect("a preset");
+        preset.config().expect("reading a preset")
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub use eval::{eval_batch_size, evaluate, evaluate_text, EvalReport};
 pub use generate::{check_request, generate, Generator, KvCache, Sampling};
 pub use hf_config::HfConfig;
 pub use safetensors_io::{load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE};
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{FileSource, Tokenizer, TokenizerFile};
 
 /// FNV-1a (64-bit) of `bytes`, continuing from `state` (start from `FNV_OFFSET`): a content
 /// fingerprint that stays the same across Rust versions and platforms, unlike `DefaultHasher`.

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::graph::Device;
 use crate::model::atomic::{file_op, sync_file, StagedFiles};
 use crate::model::hf_config::HfConfig;
-use crate::model::tokenizer::Tokenizer;
+use crate::model::tokenizer::{FileSource, Tokenizer};
 use crate::nn::Parameters;
 
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -311,15 +311,13 @@ pub(crate) fn stage_pretrained(
     std::fs::set_permissions(&tmp, permissions).map_err(io)?;
     sync_file(&tmp)?;
     if let Some(tok) = tokenizer {
-        for src in tok.files() {
-            let name =
-                src.file_name()
-                    .and_then(|n| n.to_str())
-                    .ok_or_else(|| Error::Tokenizer {
-                        path: src.display().to_string(),
-                        reason: "no UTF-8 file name".into(),
-                    })?;
-            staged.copy(name, src)?;
+        for f in tok.files() {
+            match &f.source {
+                FileSource::Path(src) => staged.copy(f.name, src)?,
+                FileSource::Builtin(bytes) => {
+                    staged.write_with(f.name, |w| std::io::Write::write_all(w, bytes))?
+                }
+            }
         }
     }
     Ok(tmp)

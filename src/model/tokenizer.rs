@@ -3,9 +3,10 @@
 //! prefix space, ByteLevel decoder, `<|endoftext|>` as a special token), or read from a model
 //! directory's own `tokenizer.json`, which wins when present.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use tokenizers::models::bpe::BPE;
+use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
 
@@ -22,61 +23,135 @@ const CHUNK_BYTES: usize = 1 << 16;
 
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
-    /// The files it was built from, copied beside a saved model.
-    files: Vec<PathBuf>,
+    /// The files it was built from, written beside a saved model.
+    files: Vec<TokenizerFile>,
+    /// What errors name: the first file's path, or the built-in tokenizer.
+    origin: String,
     /// FNV-1a of those files' bytes: names this tokenizer in token caches.
     fingerprint: u64,
+}
+
+/// A file a tokenizer was built from, as a saved model directory holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenizerFile {
+    /// Its name in a model directory: `vocab.json`, `merges.txt` or `tokenizer.json`.
+    pub name: &'static str,
+    pub source: FileSource,
+}
+
+/// Where a tokenizer file's bytes are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FileSource {
+    /// A file on disk (a model directory's).
+    Path(PathBuf),
+    /// Compiled into the binary (`crate::assets`).
+    Builtin(&'static [u8]),
 }
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tokenizer")
-            .field("files", &self.files)
+            .field("origin", &self.origin)
             .field("vocab_size", &self.vocab_size())
             .finish_non_exhaustive()
     }
 }
 
-fn tok_err(path: &Path, reason: impl ToString) -> Error {
+fn tok_err(what: impl std::fmt::Display, reason: impl ToString) -> Error {
     Error::Tokenizer {
-        path: path.display().to_string(),
+        path: what.to_string(),
         reason: reason.to_string(),
     }
 }
 
-fn fingerprint(files: &[PathBuf]) -> Result<u64> {
-    let mut h = FNV_OFFSET;
-    for f in files {
-        let bytes = std::fs::read(f).map_err(|source| Error::Io {
-            path: f.display().to_string(),
-            source,
-        })?;
-        h = fnv1a64(h, &bytes);
+fn read(path: &Path) -> Result<Vec<u8>> {
+    if !path.is_file() {
+        return Err(tok_err(path.display(), "no such file"));
     }
-    Ok(h)
+    std::fs::read(path).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+/// A vocab.json's token ids; `what` names it in errors.
+fn parse_vocab(what: &str, bytes: &[u8]) -> Result<Vocab> {
+    let map: HashMap<String, u32> = serde_json::from_slice(bytes).map_err(|e| {
+        tok_err(
+            what,
+            format!("not a JSON object of token ids (token -> id): {e}"),
+        )
+    })?;
+    Ok(map.into_iter().collect())
+}
+
+/// A merges.txt's pairs, as `tokenizers` reads them (`#version` lines skipped, each other line
+/// two tokens separated by one space); `what` names it in errors.
+fn parse_merges(what: &str, bytes: &[u8]) -> Result<Merges> {
+    let text = std::str::from_utf8(bytes).map_err(|e| tok_err(what, format!("not UTF-8: {e}")))?;
+    let mut merges = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.starts_with("#version") {
+            continue;
+        }
+        match line.split(' ').collect::<Vec<_>>()[..] {
+            [a, b] => merges.push((a.to_string(), b.to_string())),
+            _ => {
+                return Err(tok_err(
+                    what,
+                    format!(
+                        "line {}: `{line}` is not two tokens separated by one space",
+                        i + 1
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(merges)
 }
 
 impl Tokenizer {
     /// GPT-2's tokenizer from its vocabulary (token -> id) and merge list.
     pub fn from_bpe_files(vocab: &Path, merges: &Path) -> Result<Tokenizer> {
-        let utf8 = |p: &Path| {
-            p.to_str()
-                .map(str::to_owned)
-                .ok_or_else(|| tok_err(p, "the path is not UTF-8"))
-        };
-        for f in [vocab, merges] {
-            if !f.is_file() {
-                return Err(tok_err(f, "no such file"));
-            }
-        }
-        let bpe = BPE::from_file(&utf8(vocab)?, &utf8(merges)?)
+        let (v, m) = (read(vocab)?, read(merges)?);
+        Tokenizer::from_bpe(
+            [
+                (vocab.display().to_string(), v.as_slice()),
+                (merges.display().to_string(), m.as_slice()),
+            ],
+            [
+                FileSource::Path(vocab.to_path_buf()),
+                FileSource::Path(merges.to_path_buf()),
+            ],
+        )
+    }
+
+    /// GPT-2's tokenizer from the bytes of a vocab.json and a merges.txt compiled into the
+    /// binary; `origin` names them in errors (`crate::assets::gpt2_tokenizer`).
+    pub fn from_builtin_bpe(
+        vocab: &'static [u8],
+        merges: &'static [u8],
+        origin: &str,
+    ) -> Result<Tokenizer> {
+        Tokenizer::from_bpe(
+            [
+                (format!("{origin} (vocab.json)"), vocab),
+                (format!("{origin} (merges.txt)"), merges),
+            ],
+            [FileSource::Builtin(vocab), FileSource::Builtin(merges)],
+        )
+    }
+
+    /// GPT-2's byte-level BPE from vocab.json and merges.txt bytes, each with what names it.
+    fn from_bpe(bytes: [(String, &[u8]); 2], sources: [FileSource; 2]) -> Result<Tokenizer> {
+        let [(vocab_name, vocab), (merges_name, merges)] = bytes;
+        let bpe = BPE::builder()
+            .vocab_and_merges(
+                parse_vocab(&vocab_name, vocab)?,
+                parse_merges(&merges_name, merges)?,
+            )
             .build()
-            .map_err(|e| {
-                tok_err(
-                    vocab,
-                    format!("building BPE with {}: {e}", merges.display()),
-                )
-            })?;
+            .map_err(|e| tok_err(&vocab_name, format!("building BPE with {merges_name}: {e}")))?;
         let mut inner = tokenizers::Tokenizer::new(bpe);
         inner
             .with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)))
@@ -85,24 +160,39 @@ impl Tokenizer {
         if inner.token_to_id(END_OF_TEXT).is_some() {
             inner
                 .add_special_tokens([AddedToken::from(END_OF_TEXT, true)])
-                .map_err(|e| tok_err(vocab, e))?;
+                .map_err(|e| tok_err(&vocab_name, e))?;
         }
-        let files = vec![vocab.to_path_buf(), merges.to_path_buf()];
+        let [vs, ms] = sources;
         Ok(Tokenizer {
             inner,
-            fingerprint: fingerprint(&files)?,
-            files,
+            fingerprint: fnv1a64(fnv1a64(FNV_OFFSET, vocab), merges),
+            files: vec![
+                TokenizerFile {
+                    name: "vocab.json",
+                    source: vs,
+                },
+                TokenizerFile {
+                    name: "merges.txt",
+                    source: ms,
+                },
+            ],
+            origin: vocab_name,
         })
     }
 
     /// A tokenizer saved whole by Hugging Face (`tokenizer.json`).
     pub fn from_tokenizer_json(path: &Path) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| tok_err(path, e))?;
-        let files = vec![path.to_path_buf()];
+        let bytes = read(path)?;
+        let inner =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| tok_err(path.display(), e))?;
         Ok(Tokenizer {
             inner,
-            fingerprint: fingerprint(&files)?,
-            files,
+            fingerprint: fnv1a64(FNV_OFFSET, &bytes),
+            files: vec![TokenizerFile {
+                name: "tokenizer.json",
+                source: FileSource::Path(path.to_path_buf()),
+            }],
+            origin: path.display().to_string(),
         })
     }
 
@@ -118,13 +208,14 @@ impl Tokenizer {
             return Tokenizer::from_bpe_files(&vocab, &merges);
         }
         Err(tok_err(
-            dir,
+            dir.display(),
             "no tokenizer.json, nor vocab.json + merges.txt, in this directory",
         ))
     }
 
     /// A model directory's tokenizer: its own files, else the directory its config names
-    /// (`"wgrad_tokenizer_dir"`, as the presets under `models/` do).
+    /// (`"wgrad_tokenizer_dir"`, a path relative to the directory). The presets' tokenizer is
+    /// built in (`crate::assets`), not found this way.
     pub fn for_model(dir: &Path, config: &HfConfig) -> Result<Tokenizer> {
         let own = ["tokenizer.json", "vocab.json", "merges.txt"];
         if own.iter().any(|f| dir.join(f).is_file()) {
@@ -145,7 +236,7 @@ impl Tokenizer {
             let enc = self
                 .inner
                 .encode(&text[start..end], false)
-                .map_err(|e| tok_err(&self.files[0], format!("encoding: {e}")))?;
+                .map_err(|e| tok_err(&self.origin, format!("encoding: {e}")))?;
             ids.extend_from_slice(enc.get_ids());
             start = end;
         }
@@ -157,7 +248,7 @@ impl Tokenizer {
         let n = self.vocab_size();
         if let Some(pos) = ids.iter().position(|&id| id as usize >= n) {
             return Err(tok_err(
-                &self.files[0],
+                &self.origin,
                 format!(
                     "decoding: id {} at position {pos} is outside the vocabulary of {n}",
                     ids[pos]
@@ -166,7 +257,7 @@ impl Tokenizer {
         }
         self.inner
             .decode(ids, false)
-            .map_err(|e| tok_err(&self.files[0], format!("decoding: {e}")))
+            .map_err(|e| tok_err(&self.origin, format!("decoding: {e}")))
     }
 
     /// Tokens in the vocabulary, special tokens included.
@@ -179,8 +270,8 @@ impl Tokenizer {
         self.inner.token_to_id(END_OF_TEXT)
     }
 
-    /// The files this tokenizer was built from.
-    pub fn files(&self) -> &[PathBuf] {
+    /// The files this tokenizer was built from, as a saved model directory holds them.
+    pub fn files(&self) -> &[TokenizerFile] {
         &self.files
     }
 
@@ -250,9 +341,7 @@ mod tests {
     #[test]
     fn encoding_in_pieces_gives_the_ids_of_the_whole_text() {
         let t = gpt2();
-        let path =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/austen-persuasion.txt");
-        let text = std::fs::read_to_string(path).expect("the corpus");
+        let text = crate::assets::DEFAULT_CORPUS;
         let mut end = 40_000;
         while !text.is_char_boundary(end) {
             end += 1;
@@ -278,6 +367,51 @@ mod tests {
             );
         }
         assert_eq!(pieces.len(), whole.len());
+    }
+
+    #[test]
+    fn the_builtin_tokenizer_is_the_files_one() {
+        let files = gpt2();
+        let builtin = crate::assets::gpt2_tokenizer().expect("the built-in tokenizer");
+        assert_eq!(builtin.fingerprint(), files.fingerprint());
+        let text = "Anne Elliot <|endoftext|> 1818";
+        assert_eq!(builtin.encode(text).unwrap(), files.encode(text).unwrap());
+        let names: Vec<_> = builtin.files().iter().map(|f| f.name).collect();
+        assert_eq!(names, ["vocab.json", "merges.txt"]);
+        assert!(matches!(builtin.files()[0].source, FileSource::Builtin(_)));
+        assert!(matches!(files.files()[1].source, FileSource::Path(_)));
+    }
+
+    #[test]
+    fn malformed_vocab_and_merges_are_errors_naming_the_file() {
+        let err = parse_vocab("v.json", br#"{"a": "one"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("v.json") && err.contains("token ids"), "{err}");
+        let merges = parse_merges("m.txt", b"#version: 0.2\na b\nc d e\n").unwrap_err();
+        let err = merges.to_string();
+        assert!(err.contains("m.txt") && err.contains("line 3"), "{err}");
+        let ok = parse_merges("m.txt", b"#version: 0.2\r\na b\r\nc d\n").unwrap();
+        assert_eq!(ok, [("a".into(), "b".into()), ("c".into(), "d".into())]);
+    }
+
+    #[test]
+    fn a_config_may_name_a_shared_tokenizer_directory() {
+        let scratch = crate::model::test_support::ScratchDir::new("tokenizer-dir-field");
+        let json = format!(
+            r#"{{"vocab_size": 50257, "n_positions": 8, "n_embd": 8, "n_layer": 1, "n_head": 2,
+                "{}": "{}"}}"#,
+            crate::model::hf_config::TOKENIZER_DIR_FIELD,
+            gpt2_tokenizer_dir().display()
+        );
+        let path = scratch.path().join("config.json");
+        std::fs::write(&path, json).expect("writing");
+        let config = HfConfig::read(&path).expect("the config");
+        let t = Tokenizer::for_model(scratch.path(), &config).expect("the named tokenizer");
+        assert_eq!(t.fingerprint(), gpt2().fingerprint());
+        assert!(!config
+            .to_json()
+            .contains(crate::model::hf_config::TOKENIZER_DIR_FIELD));
     }
 
     #[test]

@@ -34,9 +34,7 @@ pub use interrupt::Interrupt;
 pub use out_dir::{saved_run_id, OutDir, OutPolicy, LOCK_FILE};
 
 pub(crate) use options::check_options;
-pub use options::{
-    default_data, models_dir, preset_dir, ModelSource, OptionFlags, Schedule, TrainOptions, PRESETS,
-};
+pub use options::{ModelSource, OptionFlags, Schedule, TrainOptions};
 
 /// A Hugging Face GPT-2 directory on `device`: its config (checked against the weights), the
 /// model and its tokenizer.
@@ -188,10 +186,10 @@ impl TrainSession {
     pub fn new(device: &Device, options: TrainOptions) -> Result<TrainSession> {
         let (config, model, tokenizer) = match &options.model {
             ModelSource::Preset(name) => {
-                let dir = preset_dir(name)?;
-                let config = HfConfig::read(&dir.join("config.json"))?;
+                let preset = crate::assets::Preset::named(name)?;
+                let config = preset.config()?;
                 check_options(&options, config.gpt2.n_positions)?;
-                let tokenizer = Tokenizer::for_model(&dir, &config)?;
+                let tokenizer = preset.tokenizer()?;
                 let model = Gpt2::new(device, config.gpt2.clone(), options.seed)?;
                 (config, model, tokenizer)
             }

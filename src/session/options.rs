@@ -1,42 +1,19 @@
 //! A run's settings: `TrainOptions` (what decides its losses, saved with each checkpoint),
 //! their defaults (the out-of-the-box `wgrad train`), the command line's `OptionFlags` for a new
-//! or a resumed run, the presets and the bundled corpus.
+//! or a resumed run. The presets and the default corpus are built in (`crate::assets`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 
-/// The built-in presets, directories under `models/`.
-pub const PRESETS: [&str; 3] = ["tiny", "distilgpt2", "gpt2"];
-
-/// The repository's `models/` directory (presets and the shared tokenizer).
-pub fn models_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("models")
-}
-
-/// The corpus trained on when no `--data` is given: Austen's Persuasion.
-pub fn default_data() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/austen-persuasion.txt")
-}
-
-/// The directory of preset `name`; an unknown name is an error listing the known ones.
-pub fn preset_dir(name: &str) -> Result<PathBuf> {
-    if !PRESETS.contains(&name) {
-        return Err(Error::InvalidArgument {
-            op: "--preset",
-            reason: format!("unknown preset `{name}` (known: {})", PRESETS.join(", ")),
-        });
-    }
-    Ok(models_dir().join(name))
-}
-
 /// Where the model comes from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelSource {
-    /// A preset's config with fresh weights drawn from the run's seed.
+    /// A built-in preset's config (`crate::assets::Preset`) with fresh weights drawn from the
+    /// run's seed.
     Preset(String),
     /// A Hugging Face GPT-2 directory: config, weights, tokenizer.
     Dir(PathBuf),
@@ -55,6 +32,7 @@ pub enum Schedule {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainOptions {
     pub model: ModelSource,
+    /// The text file, or the built-in corpus's name (`crate::assets::DEFAULT_CORPUS_NAME`).
     pub data: PathBuf,
     /// Sequences per micro-batch.
     pub batch: usize,
@@ -78,13 +56,13 @@ pub struct TrainOptions {
     pub amp: bool,
 }
 
-/// Defaults of `wgrad train` with no flags: the tiny preset on the bundled corpus, sized so
+/// Defaults of `wgrad train` with no flags: the tiny preset on the built-in corpus, sized so
 /// the loss visibly falls within a few minutes on lavapipe (measured in README.md).
 impl Default for TrainOptions {
     fn default() -> Self {
         TrainOptions {
             model: ModelSource::Preset("tiny".into()),
-            data: default_data(),
+            data: crate::assets::default_corpus(),
             batch: 4,
             seq: 16,
             steps: 30,
@@ -204,6 +182,11 @@ impl OptionFlags {
         }
         if let Some(data) = &self.data {
             options.data = data.clone();
+        }
+        // A checkpoint from before the corpus was compiled in recorded its checkout path: when
+        // that path now means the built-in corpus, the run records the corpus's name from here.
+        if crate::assets::builtin_corpus(&options.data).is_some() {
+            options.data = crate::assets::default_corpus();
         }
         Ok(options)
     }
