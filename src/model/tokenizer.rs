@@ -11,6 +11,7 @@ use tokenizers::AddedToken;
 
 use crate::error::{Error, Result};
 use crate::model::hf_config::HfConfig;
+use crate::model::input_file::refuse_non_regular;
 use crate::model::{fnv1a64, FNV_OFFSET};
 
 /// GPT-2's end-of-text token (id 50256 in its vocabulary): separates documents.
@@ -65,6 +66,7 @@ impl Tokenizer {
                 .ok_or_else(|| tok_err(p, "the path is not UTF-8"))
         };
         for f in [vocab, merges] {
+            refuse_non_regular(f, "a tokenizer file")?;
             if !f.is_file() {
                 return Err(tok_err(f, "no such file"));
             }
@@ -97,6 +99,7 @@ impl Tokenizer {
 
     /// A tokenizer saved whole by Hugging Face (`tokenizer.json`).
     pub fn from_tokenizer_json(path: &Path) -> Result<Tokenizer> {
+        refuse_non_regular(path, "tokenizer.json")?;
         let inner = tokenizers::Tokenizer::from_file(path).map_err(|e| tok_err(path, e))?;
         let files = vec![path.to_path_buf()];
         Ok(Tokenizer {
@@ -110,11 +113,11 @@ impl Tokenizer {
     /// `merges.txt`.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let json = dir.join("tokenizer.json");
-        if json.is_file() {
+        if json.exists() {
             return Tokenizer::from_tokenizer_json(&json);
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
-        if vocab.is_file() || merges.is_file() {
+        if vocab.exists() || merges.exists() {
             return Tokenizer::from_bpe_files(&vocab, &merges);
         }
         Err(tok_err(
@@ -127,7 +130,7 @@ impl Tokenizer {
     /// (`"wgrad_tokenizer_dir"`, as the presets under `models/` do).
     pub fn for_model(dir: &Path, config: &HfConfig) -> Result<Tokenizer> {
         let own = ["tokenizer.json", "vocab.json", "merges.txt"];
-        if own.iter().any(|f| dir.join(f).is_file()) {
+        if own.iter().any(|f| dir.join(f).exists()) {
             return Tokenizer::from_dir(dir);
         }
         match config.tokenizer_dir() {
