@@ -26,7 +26,7 @@ use crate::train::Trainer;
 
 mod options;
 
-pub(crate) use options::check_options;
+pub use options::{check_options, MAX_GRAD_ACCUM, MAX_TOKENS_PER_STEP};
 pub use options::{
     default_data, models_dir, preset_dir, ModelSource, OptionFlags, Schedule, TrainOptions, PRESETS,
 };
