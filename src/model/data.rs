@@ -90,7 +90,7 @@ impl CacheKey {
 /// The text of `path`, with an error naming the file for a missing, empty or non-UTF-8 one.
 fn read_text(path: &Path) -> Result<String> {
     let shown = path.display().to_string();
-    let bytes = read_regular(path, "a text to tokenize")?;
+    let bytes = read_regular(path, "the text")?;
     if bytes.is_empty() {
         return Err(Error::Dataset {
             path: shown,

@@ -41,7 +41,7 @@ pub(crate) fn refuse_non_regular(path: &Path, what: &str) -> Result<()> {
     Err(Error::ModelFile {
         path: path.display().to_string(),
         reason: format!(
-            "is {}; {what} must be a regular file, which wgrad reads whole",
+            "is {}, not a regular file; give {what} as a regular file",
             kind(&meta.file_type())
         ),
     })

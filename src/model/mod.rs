@@ -34,6 +34,7 @@ pub(crate) use eval::mean_loss;
 pub use eval::{eval_batch_size, evaluate, evaluate_text, EvalReport};
 pub use generate::{check_request, generate, Generator, KvCache, Sampling};
 pub use hf_config::HfConfig;
+pub(crate) use input_file::refuse_non_regular;
 pub use safetensors_io::{
     check_weights, load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE,
 };

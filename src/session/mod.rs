@@ -217,6 +217,8 @@ impl TrainSession {
     /// Continues the run saved in `dir` (by `save`): its weights, optimizer state, step and
     /// batch position, with its settings (`flags` may move the end or the data's path only).
     pub fn resume(device: &Device, dir: &Path, flags: &OptionFlags) -> Result<TrainSession> {
+        let state_file = crate::model::STATE_FILE;
+        crate::model::refuse_non_regular(&dir.join(state_file), state_file)?;
         let saved = read_train_state(dir)?;
         let meta: SavedOptions = serde_json::from_value(saved.state.hyper_parameters.clone())
             .map_err(|e| Error::ModelFile {
