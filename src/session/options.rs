@@ -294,7 +294,8 @@ mod tests {
     fn check_options_names_the_flag_and_never_overflows() {
         let ok = TrainOptions::default();
         assert!(check_options(&ok, 64).is_ok());
-        let cases: [(fn(&mut TrainOptions), &str); 10] = [
+        type Edit = fn(&mut TrainOptions);
+        let cases: [(Edit, &str); 10] = [
             (|o| o.batch = 0, "--batch"),
             (|o| o.seq = 0, "--seq"),
             (|o| o.seq = 65, "--seq"),
