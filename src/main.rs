@@ -12,6 +12,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
     let args = cli::Cli::parse();
+    cli::log::init(args.log_level());
     if let Err(e) = cli::run(args) {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -37,10 +37,10 @@ pub struct Args {
     #[arg(long)]
     quick: bool,
     /// Timed repetitions per product (the median is reported).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = super::setup::reps())]
     reps: usize,
     /// Square sizes to run instead of the default list (e.g. `--sizes 1024,4096`).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = parse_size)]
     sizes: Vec<usize>,
     /// Products to run instead of the default list, `MxNxK` each, `:at` or `:bt` after it for
     /// A or B read as a transposed view (e.g. `--shapes 4096x3072x768,768x3072x4096:at`).
@@ -105,14 +105,26 @@ struct Report {
 type Shape = (usize, usize, usize, usize, bool, bool);
 
 /// `MxNxK`, `MxNxK:at` or `MxNxK:bt`.
+/// A product's size at most: 2^24, so that a product's element counts never overflow (larger
+/// operands are over every adapter's storage-binding limit anyway).
+const MAX_SIZE: usize = 1 << 24;
+
+/// One of `--sizes`: 1 to `MAX_SIZE`.
+fn parse_size(s: &str) -> std::result::Result<usize, String> {
+    s.parse::<usize>()
+        .ok()
+        .filter(|v| (1..=MAX_SIZE).contains(v))
+        .ok_or_else(|| format!("`{s}`: a size is a whole number from 1 to {MAX_SIZE}"))
+}
+
 fn parse_shape(s: &str) -> std::result::Result<Shape, String> {
     let (dims, view) = s.split_once(':').unwrap_or((s, ""));
     let d: Vec<usize> = dims
         .split('x')
-        .map(|v| v.parse::<usize>().ok().filter(|&v| v > 0))
+        .map(|v| parse_size(v).ok())
         .collect::<Option<_>>()
         .filter(|d: &Vec<usize>| d.len() == 3)
-        .ok_or_else(|| format!("`{s}`: a product is MxNxK, three positive sizes"))?;
+        .ok_or_else(|| format!("`{s}`: a product is MxNxK, three sizes from 1 to {MAX_SIZE}"))?;
     let (a_t, b_t) = match view {
         "" => (false, false),
         "at" => (true, false),

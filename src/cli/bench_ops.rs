@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(long)]
     quick: bool,
     /// Timed repetitions per measurement (the median is reported).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = super::setup::reps())]
     reps: usize,
 }
 

@@ -119,6 +119,7 @@ struct Tuned {
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
+    setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
     let name = args
         .model
         .as_ref()

@@ -21,13 +21,13 @@ pub struct Args {
     #[arg(long, default_value_t = 50)]
     max_tokens: usize,
     /// 0: greedy; otherwise the logits are divided by it before sampling.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Sample among the K most likely tokens only (0: all).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// Sample within the smallest set of tokens whose probabilities reach P.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     #[arg(long, default_value_t = 0)]
     seed: u64,

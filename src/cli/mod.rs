@@ -7,6 +7,7 @@ mod eval;
 mod generate;
 mod info;
 mod limits;
+pub mod log;
 mod profile;
 mod setup;
 mod signals;
@@ -24,6 +25,16 @@ use clap::{Parser, Subcommand};
 pub struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log more on stderr: warnings are shown by default; -v info, -vv debug, -vvv trace.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+}
+
+impl Cli {
+    /// The log level `-v` asks for.
+    pub fn log_level(&self) -> tracing::Level {
+        log::level(self.verbose)
+    }
 }
 
 #[derive(Subcommand)]

@@ -55,6 +55,7 @@ fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
+    setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
     let mut model = setup::model(&dev, config.clone(), 0)?;
     model.set_amp(args.amp)?;
     let adamw = AdamWConfig {

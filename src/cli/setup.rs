@@ -4,30 +4,58 @@
 use std::path::Path;
 
 use wgrad::assets::Preset;
+use wgrad::model::HfConfig;
 use wgrad::nn::{Gpt2, Gpt2Config};
+use wgrad::session::{check_options, TrainOptions};
 use wgrad::{Device, Error, Result, Tensor};
 
-/// The config of `--preset NAME` (built in: `wgrad::assets`) or `--model DIR` (DIR/config.json).
+/// The config of `--preset NAME` (built in: `wgrad::assets`) or `--model DIR` (DIR/config.json),
+/// every field checked.
 pub fn config(preset: Option<&str>, model_dir: Option<&Path>) -> Result<Gpt2Config> {
-    let (text, origin) = match (preset, model_dir) {
-        (_, Some(dir)) => {
-            let path = dir.join("config.json");
-            let text = std::fs::read_to_string(&path).map_err(|source| Error::Io {
-                path: path.display().to_string(),
-                source,
-            })?;
-            (text, path.display().to_string())
-        }
+    let config = match (preset, model_dir) {
+        (_, Some(dir)) => HfConfig::read(&dir.join("config.json"))?,
         // Parsed and checked as `train` does (`wgrad::assets::Preset::config`).
-        (Some(name), None) => return Ok(Preset::named(name)?.config()?.gpt2),
+        (Some(name), None) => Preset::named(name)?.config()?,
         (None, None) => unreachable!("clap gives a default preset"),
     };
-    let config: Gpt2Config = serde_json::from_str(&text).map_err(|e| Error::InvalidArgument {
-        op: "config",
-        reason: format!("{origin}: {e}"),
-    })?;
-    config.validate()?;
-    Ok(config)
+    Ok(config.gpt2)
+}
+
+/// `train`'s checks of --batch, --seq and --steps (`check_options`), for the commands that
+/// run training steps of `config` without a `TrainSession`: `warmup` steps, then `steps`
+/// (twice, for `profile`) must count without overflow.
+pub fn check_run(
+    config: &Gpt2Config,
+    batch: usize,
+    seq: usize,
+    steps: usize,
+    warmup: usize,
+) -> Result<()> {
+    if steps
+        .checked_mul(2)
+        .and_then(|s| s.checked_add(warmup))
+        .is_none()
+    {
+        return Err(Error::InvalidArgument {
+            op: "--warmup",
+            reason: format!("{warmup} warm-up steps and {steps} steps do not count in 64 bits"),
+        });
+    }
+    let options = TrainOptions {
+        batch,
+        seq,
+        steps,
+        ..TrainOptions::default()
+    };
+    check_options(&options, config.n_positions)
+}
+
+/// Timed repetitions at most (`--reps`).
+pub const MAX_REPS: u64 = 1_000_000;
+
+/// A parser of `--reps`: 1 to `MAX_REPS`.
+pub fn reps() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::new().range(1..=MAX_REPS)
 }
 
 /// A model with fresh GPT-2 initialization.

@@ -44,7 +44,7 @@ pub struct Args {
     #[arg(long)]
     steps: Option<usize>,
     /// Peak learning rate [default: 0.002].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     lr: Option<f32>,
     /// Linear warm-up steps [default: 5].
     #[arg(long)]
@@ -53,10 +53,10 @@ pub struct Args {
     #[arg(long, value_enum)]
     schedule: Option<ScheduleArg>,
     /// AdamW's decoupled weight decay (weights and embeddings only) [default: 0.1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     weight_decay: Option<f32>,
     /// Clip the global gradient norm to this; 0 turns clipping off [default: 1].
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     grad_clip: Option<f32>,
     /// Micro-batches per optimizer step [default: 1].
     #[arg(long)]

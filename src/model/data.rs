@@ -20,6 +20,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::model::atomic::write_file;
 use crate::model::batches::BatchSampler;
+use crate::model::input_file::read_regular;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{fnv1a64, FNV_OFFSET};
 
@@ -71,6 +72,10 @@ impl CacheKey {
 
     /// The ids of a cache file, or None when it is absent or does not match this key.
     fn read(&self, cache: &Path) -> Option<Vec<u32>> {
+        // Not a regular file (a FIFO would block the read): no cache.
+        if !std::fs::metadata(cache).ok()?.is_file() {
+            return None;
+        }
         let bytes = std::fs::read(cache).ok()?;
         if bytes.len() < CACHE_HEADER || !(bytes.len() - CACHE_HEADER).is_multiple_of(4) {
             return None;
@@ -91,10 +96,7 @@ impl CacheKey {
 /// The text of `path`, with an error naming the file for a missing, empty or non-UTF-8 one.
 fn read_text(path: &Path) -> Result<String> {
     let shown = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: shown.clone(),
-        source,
-    })?;
+    let bytes = read_regular(path, "the text")?;
     if bytes.is_empty() {
         return Err(Error::Dataset {
             path: shown,

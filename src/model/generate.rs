@@ -289,6 +289,11 @@ fn choose(logits: &[f32], s: &Sampling, rng: &mut SplitMix64) -> u32 {
         mass += probs[kept];
         kept += 1;
     }
+    if kept == 0 || !mass.is_finite() {
+        // Probabilities that are not numbers (non-finite logits, a temperature so small the
+        // division overflows): the most likely token, as at temperature 0.
+        return argmax();
+    }
     let r = rng.uniform() * mass;
     let mut acc = 0.0;
     for (i, &p) in probs[..kept].iter().enumerate() {
@@ -316,7 +321,10 @@ pub fn check_request(
             reason: "the prompt holds no token".into(),
         });
     }
-    if prompt_len + max_new > n_pos {
+    if prompt_len
+        .checked_add(max_new)
+        .is_none_or(|end| end > n_pos)
+    {
         return Err(Error::InvalidArgument {
             op: "generate",
             reason: format!(
@@ -398,5 +406,24 @@ mod tests {
         }
         assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
         assert!(seen[1] > seen[0] && seen[0] > seen[4], "{seen:?}");
+    }
+
+    #[test]
+    fn logits_that_are_not_numbers_choose_a_token_without_panicking() {
+        let mut rng = SplitMix64(2);
+        let tiny = Sampling {
+            temperature: f32::MIN_POSITIVE,
+            ..Default::default()
+        };
+        for logits in [
+            [f32::NAN; 4],
+            [0.0, f32::INFINITY, f32::INFINITY, 1.0],
+            [f32::NEG_INFINITY; 4],
+            [1.0, 2.0, f32::NAN, 0.0],
+        ] {
+            for s in [&tiny, &Sampling::default()] {
+                assert!(choose(&logits, s, &mut rng) < 4, "{logits:?}");
+            }
+        }
     }
 }

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::kernels::attention::MAX_HEAD_DIM;
+use crate::model::input_file::read_regular;
 use crate::nn::Gpt2Config;
 
 /// The field of a wgrad preset naming its shared tokenizer directory (relative to the preset).
@@ -36,25 +38,30 @@ impl HfConfig {
 
     /// Reads and checks `path` (a config.json).
     pub fn read(path: &Path) -> Result<HfConfig> {
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        let bytes = read_regular(path, "config.json")?;
+        let text = String::from_utf8(bytes).map_err(|e| Error::ModelFile {
             path: path.display().to_string(),
-            source,
+            reason: format!("not UTF-8 text ({e})"),
         })?;
         let mut config = HfConfig::parse(&path.display().to_string(), &text)?;
         config.dir = path.parent().map(Path::to_path_buf);
         Ok(config)
     }
 
-    /// Parses and checks config.json text; `path` names it in errors.
+    /// Parses and checks config.json text; `path` names it in errors, and each fault names its
+    /// field: a missing size, a value of the wrong type, a size out of range.
     pub fn parse(path: &str, text: &str) -> Result<HfConfig> {
         let bad = |reason: String| Error::ModelFile {
             path: path.to_string(),
             reason,
         };
-        let fields: Map<String, Value> =
-            serde_json::from_str(text).map_err(|e| bad(format!("not a JSON object: {e}")))?;
-        let gpt2: Gpt2Config = serde_json::from_value(Value::Object(fields.clone()))
-            .map_err(|e| bad(format!("not a GPT-2 config: {e}")))?;
+        let fields = match serde_json::from_str(text) {
+            Ok(Value::Object(fields)) => fields,
+            Ok(other) => return Err(bad(format!("not a JSON object but {}", json_type(&other)))),
+            Err(e) => return Err(bad(format!("not JSON: {e}"))),
+        };
+        let gpt2 = read_fields(&fields).map_err(&bad)?;
+        check_sizes(&gpt2).map_err(&bad)?;
         gpt2.validate().map_err(|e| bad(e.to_string()))?;
         let config = HfConfig {
             gpt2,
@@ -67,16 +74,15 @@ impl HfConfig {
 
     /// Refuses what would make wgrad compute another model than Hugging Face's.
     fn check_supported(&self) -> std::result::Result<(), String> {
-        let str_field = |k: &str| self.fields.get(k).and_then(Value::as_str);
-        let bool_field = |k: &str| self.fields.get(k).and_then(Value::as_bool);
-        if let Some(t) = str_field("model_type") {
+        let f = &self.fields;
+        if let Some(t) = typed(f, "model_type", Value::as_str, "a string")? {
             if t != "gpt2" {
                 return Err(format!(
                     "model_type is `{t}`; wgrad loads `gpt2` models only"
                 ));
             }
         }
-        if let Some(act) = str_field("activation_function") {
+        if let Some(act) = typed(f, "activation_function", Value::as_str, "a string")? {
             if !TANH_GELUS.contains(&act) {
                 return Err(format!(
                     "activation_function `{act}` is not supported; wgrad computes the tanh \
@@ -85,8 +91,8 @@ impl HfConfig {
                 ));
             }
         }
-        if let Some(n_inner) = self.fields.get("n_inner").and_then(Value::as_u64) {
-            if n_inner as usize != 4 * self.gpt2.n_embd {
+        if let Some(n_inner) = typed(f, "n_inner", Value::as_u64, "a whole number or null")? {
+            if n_inner != 4 * self.gpt2.n_embd as u64 {
                 return Err(format!(
                     "n_inner {n_inner} is not supported; wgrad's MLP is 4 * n_embd = {}",
                     4 * self.gpt2.n_embd
@@ -105,7 +111,7 @@ impl HfConfig {
             ("add_cross_attention", true, "wgrad's GPT-2 is decoder-only"),
         ];
         for (field, value, why) in unsupported {
-            if bool_field(field) == Some(value) {
+            if typed(f, field, Value::as_bool, "true or false")? == Some(value) {
                 return Err(format!("{field}: {value} is not supported ({why})"));
             }
         }
@@ -160,6 +166,132 @@ impl HfConfig {
         text.push('\n');
         text
     }
+}
+
+/// Layers at most: far beyond any GPT-2 (48), and each layer is 12 tensors the host lists.
+const MAX_LAYERS: usize = 4096;
+/// Parameters at most: 2^36, whose f32 weights alone (256 GiB) no adapter holds.
+const MAX_PARAMETERS: u128 = 1 << 36;
+
+/// What a JSON value is, for an error.
+fn json_type(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(s) => format!("the string {s:?}"),
+        Value::Array(_) => "an array".into(),
+        Value::Object(_) => "an object".into(),
+    }
+}
+
+/// An optional field of the type `get` reads (`null` counts as absent), or an error naming
+/// the field, what it holds and what it should.
+fn typed<'a, T>(
+    fields: &'a Map<String, Value>,
+    key: &str,
+    get: impl Fn(&'a Value) -> Option<T>,
+    expected: &str,
+) -> std::result::Result<Option<T>, String> {
+    match fields.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => get(v)
+            .map(Some)
+            .ok_or_else(|| format!("field `{key}` is {}; it must be {expected}", json_type(v))),
+    }
+}
+
+/// A required size field: a whole number from 1 to u32::MAX (ids and positions are u32 on
+/// the GPU).
+fn size(fields: &Map<String, Value>, key: &str) -> std::result::Result<usize, String> {
+    let n = typed(fields, key, Value::as_u64, "a whole number of at least 1")?
+        .ok_or_else(|| format!("missing field `{key}` (a GPT-2 config.json gives it)"))?;
+    if n == 0 {
+        return Err(format!("field `{key}` is 0; it must be at least 1"));
+    }
+    if n > u32::MAX as u64 {
+        return Err(format!(
+            "field `{key}` is {n}, over {} (sizes are indexed with 32-bit integers on the GPU)",
+            u32::MAX
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// An optional finite f32 field, positive (or, unless `positive`, zero too); its default when
+/// absent.
+fn float(
+    fields: &Map<String, Value>,
+    key: &str,
+    default: f32,
+    positive: bool,
+) -> std::result::Result<f32, String> {
+    let Some(x) = typed(fields, key, Value::as_f64, "a number")? else {
+        return Ok(default);
+    };
+    let x32 = x as f32;
+    let ok = x32.is_finite() && if positive { x32 > 0.0 } else { x32 >= 0.0 };
+    if !ok {
+        let want = if positive { "positive" } else { "0 or more" };
+        return Err(format!(
+            "field `{key}` is {x}; it must be a finite f32, {want}"
+        ));
+    }
+    Ok(x32)
+}
+
+/// The fields wgrad's model reads, each checked for its type.
+fn read_fields(fields: &Map<String, Value>) -> std::result::Result<Gpt2Config, String> {
+    Ok(Gpt2Config {
+        vocab_size: size(fields, "vocab_size")?,
+        n_positions: size(fields, "n_positions")?,
+        n_embd: size(fields, "n_embd")?,
+        n_layer: size(fields, "n_layer")?,
+        n_head: size(fields, "n_head")?,
+        layer_norm_epsilon: float(fields, "layer_norm_epsilon", 1e-5, true)?,
+        initializer_range: float(fields, "initializer_range", 0.02, false)?,
+    })
+}
+
+/// Sizes that no model wgrad runs could have, whatever the adapter: a head size the attention
+/// kernels do not take, more layers or parameters than any adapter holds. (Whether the model
+/// fits this adapter's memory at a batch size is checked where the batch is known.)
+fn check_sizes(g: &Gpt2Config) -> std::result::Result<(), String> {
+    if !g.n_embd.is_multiple_of(g.n_head) {
+        return Err(format!(
+            "n_head {} does not divide n_embd {} (fields `n_head`, `n_embd`)",
+            g.n_head, g.n_embd
+        ));
+    }
+    let head = g.n_embd / g.n_head;
+    if head > MAX_HEAD_DIM {
+        return Err(format!(
+            "fields `n_embd` / `n_head`: a head size of {} / {} = {head} is over {MAX_HEAD_DIM}, \
+             the largest the attention kernels take (use more heads)",
+            g.n_embd, g.n_head
+        ));
+    }
+    if g.n_layer > MAX_LAYERS {
+        return Err(format!(
+            "field `n_layer` is {}, over {MAX_LAYERS} layers",
+            g.n_layer
+        ));
+    }
+    let (v, p, c, l) = (
+        g.vocab_size as u128,
+        g.n_positions as u128,
+        g.n_embd as u128,
+        g.n_layer as u128,
+    );
+    let params = (v + p) * c + l * (12 * c * c + 13 * c) + 2 * c;
+    if params > MAX_PARAMETERS {
+        return Err(format!(
+            "fields `vocab_size` {v}, `n_positions` {p}, `n_embd` {c}, `n_layer` {l} make \
+             {params} parameters, over {MAX_PARAMETERS} (2^36, whose f32 weights alone no \
+             adapter holds)"
+        ));
+    }
+    Ok(())
 }
 
 /// An f32 as the shortest decimal that reads back as it (1e-5, not 9.999999747378752e-6).

@@ -6,6 +6,7 @@
 //! | file | job |
 //! | --- | --- |
 //! | `hf_config.rs` | config.json: the fields wgrad reads, the ones it keeps untouched |
+//! | `input_file.rs` | every file read is a regular file: a FIFO or directory is refused by name |
 //! | `tokenizer.rs` | GPT-2 byte-level BPE: text to token ids and back |
 //! | `safetensors_io.rs` | weights: load into `Parameters` (every mismatch named), save |
 //! | `atomic.rs` | writes that are never seen half-done: temporary name, then rename |
@@ -22,6 +23,7 @@ mod data;
 mod eval;
 mod generate;
 mod hf_config;
+mod input_file;
 mod safetensors_io;
 mod tokenizer;
 
@@ -34,7 +36,10 @@ pub(crate) use eval::mean_loss;
 pub use eval::{eval_batch_size, evaluate, evaluate_text, EvalReport};
 pub use generate::{check_request, generate, Generator, KvCache, Sampling};
 pub use hf_config::HfConfig;
-pub use safetensors_io::{load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE};
+pub(crate) use input_file::refuse_non_regular;
+pub use safetensors_io::{
+    check_weights, load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE,
+};
 pub use tokenizer::{FileSource, Tokenizer, TokenizerFile};
 
 /// FNV-1a (64-bit) of `bytes`, continuing from `state` (start from `FNV_OFFSET`): a content

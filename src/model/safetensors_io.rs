@@ -19,13 +19,15 @@ use std::path::{Path, PathBuf};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, TensorView, View};
 use safetensors::SafeTensors;
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::error::{Error, Result};
 use crate::graph::Device;
 use crate::model::atomic::{file_op, sync_file, StagedFiles};
 use crate::model::hf_config::HfConfig;
+use crate::model::input_file::refuse_non_regular;
 use crate::model::tokenizer::{FileSource, Tokenizer};
-use crate::nn::Parameters;
+use crate::nn::{Gpt2Config, ParamSpec, Parameters};
 
 pub const WEIGHTS_FILE: &str = "model.safetensors";
 const CONFIG_FILE: &str = "config.json";
@@ -35,13 +37,26 @@ const LM_HEAD: &str = "lm_head.weight";
 /// Problems listed in one error at most (a config with the wrong n_layer lists dozens).
 const MAX_LISTED: usize = 40;
 
-/// Reads `dir`'s config.json, allocates its parameters on `device` and loads
-/// `dir/model.safetensors` into them.
+/// Reads `dir`'s config.json, checks `dir/model.safetensors` against it (header, names,
+/// shapes, dtypes: nothing is allocated on `device` for a file that does not match), then
+/// allocates the parameters on `device` and loads the weights into them.
 pub fn load_pretrained(device: &Device, dir: &Path) -> Result<(HfConfig, Parameters)> {
     let config = HfConfig::read(&dir.join(CONFIG_FILE))?;
-    let params = Parameters::new(device, &config.gpt2.param_specs())?;
-    load_weights(&params, &dir.join(WEIGHTS_FILE))?;
+    let specs = config.gpt2.param_specs();
+    let path = dir.join(WEIGHTS_FILE);
+    let map = map_file(&path)?;
+    let found = checked_tensors(&path, &map, &specs)?;
+    let params = Parameters::new(device, &specs)?;
+    upload(&params, &found)?;
     Ok((config, params))
+}
+
+/// Checks the safetensors file `path` against the model `config` describes, as loading it
+/// would, without a GPU: an error for a malformed header (lengths, offsets, dtypes, shapes,
+/// duplicated names) or any missing, unexpected, misshaped or unconvertible tensor.
+pub fn check_weights(path: &Path, config: &Gpt2Config) -> Result<()> {
+    let map = map_file(path)?;
+    checked_tensors(path, &map, &config.param_specs()).map(drop)
 }
 
 /// A causal-mask buffer of an attention layer (`h.{i}.attn.bias`, `h.{i}.attn.masked_bias`).
@@ -88,32 +103,54 @@ fn convertible(dtype: Dtype) -> bool {
 /// missing, unexpected, misshaped or unconvertible tensor is listed in one error, and nothing
 /// is uploaded unless all of them match.
 pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
+    let specs: Vec<ParamSpec> = params.specs().cloned().collect();
+    let map = map_file(path)?;
+    let found = checked_tensors(path, &map, &specs)?;
+    upload(params, &found)
+}
+
+/// `path` mapped into memory: a regular file of 8 bytes at least.
+fn map_file(path: &Path) -> Result<Mmap> {
+    let shown = path.display().to_string();
+    refuse_non_regular(path, WEIGHTS_FILE)?;
+    let io = |source| Error::Io {
+        path: shown.clone(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
+    if len < 8 {
+        return Err(Error::ModelFile {
+            path: shown.clone(),
+            reason: format!(
+                "truncated: {len} bytes; a safetensors file starts with an 8-byte header length"
+            ),
+        });
+    }
+    // SAFETY: the mapping is read-only and dropped before the load returns. Another process
+    // truncating the file meanwhile could fault the read; safetensors files are written whole
+    // and renamed (as wgrad's own are), not rewritten in place.
+    unsafe { Mmap::map(&file) }.map_err(io)
+}
+
+/// The file's tensor for every spec, after checking the header (`header_fault`, then the
+/// safetensors crate's own checks of lengths, offsets and shapes) and every tensor.
+fn checked_tensors<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+    specs: &[ParamSpec],
+) -> Result<HashMap<String, TensorView<'a>>> {
     let shown = path.display().to_string();
     let bad = |reason: String| Error::ModelFile {
         path: shown.clone(),
         reason,
     };
-    let file = File::open(path).map_err(|source| Error::Io {
-        path: shown.clone(),
-        source,
-    })?;
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    if len < 8 {
-        return Err(bad(format!(
-            "truncated: {len} bytes; a safetensors file starts with an 8-byte header length"
-        )));
+    if let Some(fault) = header_fault(bytes) {
+        return Err(bad(fault));
     }
-    // SAFETY: the mapping is read-only and dropped before returning. Another process
-    // truncating the file meanwhile could fault the read; safetensors files are written whole
-    // and renamed (as wgrad's own are), not rewritten in place.
-    let map = unsafe { Mmap::map(&file) }.map_err(|source| Error::Io {
-        path: shown.clone(),
-        source,
-    })?;
-    let st = SafeTensors::deserialize(&map)
-        .map_err(|e| bad(format!("not a complete safetensors file ({e})")))?;
-
-    let found = match_tensors(&st, params).map_err(|mut problems| {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| bad(format!("not a complete, valid safetensors file ({e})")))?;
+    match_tensors(&st, specs).map_err(|mut problems| {
         let total = problems.len();
         if total > MAX_LISTED {
             problems.truncate(MAX_LISTED);
@@ -123,11 +160,57 @@ pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
             path: shown.clone(),
             problems,
         }
-    })?;
+    })
+}
+
+/// Writes every matched tensor into `params`, converted to f32.
+fn upload(params: &Parameters, found: &HashMap<String, TensorView<'_>>) -> Result<()> {
     for spec in params.specs() {
         params.write(&spec.name, &to_f32(&found[&spec.name]))?;
     }
     Ok(())
+}
+
+/// What the safetensors crate lets pass in a header and wgrad refuses: a name given twice
+/// (JSON keeps the last, so one of the two would be dropped unseen). None when the header is
+/// fine or too broken to read here (the crate's check then names the fault).
+fn header_fault(bytes: &[u8]) -> Option<String> {
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let end = usize::try_from(len).ok()?.checked_add(8)?;
+    let text = std::str::from_utf8(bytes.get(8..end)?).ok()?;
+    let keys: UniqueKeys = serde_json::from_str(text).ok()?;
+    keys.0
+        .map(|name| format!("the header names tensor `{name}` twice"))
+}
+
+/// The first key a JSON object gives twice, if any.
+struct UniqueKeys(Option<String>);
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> Visitor<'de> for Keys {
+            type Value = UniqueKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<UniqueKeys, A::Error> {
+                let mut seen = HashSet::new();
+                let mut twice = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<IgnoredAny>()?;
+                    if !seen.insert(key.clone()) && twice.is_none() {
+                        twice = Some(key);
+                    }
+                }
+                Ok(UniqueKeys(twice))
+            }
+        }
+        d.deserialize_map(Keys)
+    }
 }
 
 /// The file's tensor for every parameter (by Hugging Face name), or every problem found: a
@@ -135,10 +218,10 @@ pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
 /// is not `wte.weight`'s copy.
 fn match_tensors<'a>(
     st: &SafeTensors<'a>,
-    params: &Parameters,
+    specs: &[ParamSpec],
 ) -> std::result::Result<HashMap<String, TensorView<'a>>, Vec<String>> {
-    let expected: HashMap<&str, &[usize]> = params
-        .specs()
+    let expected: HashMap<&str, &[usize]> = specs
+        .iter()
         .map(|s| (s.name.as_str(), s.shape.as_slice()))
         .collect();
     let mut problems = Vec::new();
@@ -198,7 +281,7 @@ fn match_tensors<'a>(
             ));
         }
     }
-    for spec in params.specs() {
+    for spec in specs {
         let name = spec.name.as_str();
         if !found.contains_key(name) && !reported.contains(name) {
             problems.push(format!("missing tensor `{name}` {:?}", spec.shape));

@@ -12,6 +12,7 @@ use tokenizers::AddedToken;
 
 use crate::error::{Error, Result};
 use crate::model::hf_config::HfConfig;
+use crate::model::input_file::refuse_non_regular;
 use crate::model::{fnv1a64, FNV_OFFSET};
 
 /// GPT-2's end-of-text token (id 50256 in its vocabulary): separates documents.
@@ -65,6 +66,7 @@ fn tok_err(what: impl std::fmt::Display, reason: impl ToString) -> Error {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
+    refuse_non_regular(path, "a tokenizer file")?;
     if !path.is_file() {
         return Err(tok_err(path.display(), "no such file"));
     }
@@ -200,11 +202,11 @@ impl Tokenizer {
     /// `merges.txt`.
     pub fn from_dir(dir: &Path) -> Result<Tokenizer> {
         let json = dir.join("tokenizer.json");
-        if json.is_file() {
+        if json.exists() {
             return Tokenizer::from_tokenizer_json(&json);
         }
         let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
-        if vocab.is_file() || merges.is_file() {
+        if vocab.exists() || merges.exists() {
             return Tokenizer::from_bpe_files(&vocab, &merges);
         }
         Err(tok_err(
@@ -218,7 +220,7 @@ impl Tokenizer {
     /// built in (`crate::assets`), not found this way.
     pub fn for_model(dir: &Path, config: &HfConfig) -> Result<Tokenizer> {
         let own = ["tokenizer.json", "vocab.json", "merges.txt"];
-        if own.iter().any(|f| dir.join(f).is_file()) {
+        if own.iter().any(|f| dir.join(f).exists()) {
             return Tokenizer::from_dir(dir);
         }
         match config.tokenizer_dir() {

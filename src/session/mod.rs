@@ -33,7 +33,7 @@ mod tests;
 pub use interrupt::Interrupt;
 pub use out_dir::{saved_run_id, OutDir, OutPolicy, LOCK_FILE};
 
-pub(crate) use options::check_options;
+pub use options::{check_options, MAX_GRAD_ACCUM, MAX_TOKENS_PER_STEP};
 pub use options::{ModelSource, OptionFlags, Schedule, TrainOptions};
 
 /// A Hugging Face GPT-2 directory on `device`: its config (checked against the weights), the
@@ -256,6 +256,8 @@ impl TrainSession {
     /// batch position, with its settings (`flags` may move the end or the data's path only).
     pub fn resume(device: &Device, dir: &Path, flags: &OptionFlags) -> Result<TrainSession> {
         out_dir::finish_stopped_save(dir)?;
+        let state_file = crate::model::STATE_FILE;
+        crate::model::refuse_non_regular(&dir.join(state_file), state_file)?;
         let saved = read_train_state(dir)?;
         let meta: SavedOptions = serde_json::from_value(saved.state.hyper_parameters.clone())
             .map_err(|e| Error::ModelFile {

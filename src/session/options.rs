@@ -192,7 +192,18 @@ impl OptionFlags {
     }
 }
 
-pub(crate) fn check_options(o: &TrainOptions, n_positions: usize) -> Result<()> {
+/// Micro-batches per optimizer step at most: each is two GPU buffers made before the step
+/// runs. Far beyond use: GPT-3's 3.2M-token steps are 1600 micro-batches of 1 x 2048.
+pub const MAX_GRAD_ACCUM: usize = 1 << 16;
+/// Tokens per optimizer step (batch x seq x grad-accum) at most: a step's token ids are all
+/// uploaded before it runs (8 bytes a token, inputs and targets: 2 GiB at this limit).
+pub const MAX_TOKENS_PER_STEP: usize = 1 << 28;
+
+/// Refuses settings no run can train with, each error naming its flag and the bound: zero or
+/// too large sizes, a sequence longer than the model's `n_positions`, rates that are negative
+/// or not numbers. `train` checks a new and a resumed run's options (from flags or a
+/// checkpoint) with it; `profile` and `bench step` their batch, seq and steps.
+pub fn check_options(o: &TrainOptions, n_positions: usize) -> Result<()> {
     let bad = |op: &'static str, reason: String| Err(Error::InvalidArgument { op, reason });
     if o.seq == 0 || o.seq > n_positions {
         return bad(
@@ -203,23 +214,87 @@ pub(crate) fn check_options(o: &TrainOptions, n_positions: usize) -> Result<()> 
             ),
         );
     }
-    if o.batch == 0 || o.grad_accum == 0 || o.steps == 0 {
+    for (flag, value) in [
+        ("--batch", o.batch),
+        ("--grad-accum", o.grad_accum),
+        ("--steps", o.steps),
+    ] {
+        if value == 0 {
+            return bad(flag, "must be at least 1, it is 0".into());
+        }
+    }
+    if o.grad_accum > MAX_GRAD_ACCUM {
         return bad(
-            "train",
-            "--batch, --grad-accum and --steps must be positive".into(),
+            "--grad-accum",
+            format!(
+                "{} micro-batches per step is over {MAX_GRAD_ACCUM} (each is uploaded before \
+                 the step runs); raise --batch instead",
+                o.grad_accum
+            ),
+        );
+    }
+    let tokens = o
+        .batch
+        .checked_mul(o.seq)
+        .and_then(|n| n.checked_mul(o.grad_accum))
+        .filter(|&n| n <= MAX_TOKENS_PER_STEP);
+    if tokens.is_none() {
+        return bad(
+            "--batch",
+            format!(
+                "--batch {} x --seq {} x --grad-accum {} tokens per step is over \
+                 {MAX_TOKENS_PER_STEP} (2^28; a step's token ids are uploaded before it runs)",
+                o.batch, o.seq, o.grad_accum
+            ),
         );
     }
     if !(o.lr.is_finite() && o.lr > 0.0) {
         return bad("--lr", format!("{} is not a positive rate", o.lr));
     }
     if !(o.weight_decay.is_finite() && o.weight_decay >= 0.0) {
-        return bad("--weight-decay", format!("{} is negative", o.weight_decay));
+        return bad(
+            "--weight-decay",
+            format!("{} is not a decay of 0 or more", o.weight_decay),
+        );
     }
     if !(o.grad_clip.is_finite() && o.grad_clip >= 0.0) {
         return bad(
             "--grad-clip",
-            format!("{} is negative (0 turns clipping off)", o.grad_clip),
+            format!(
+                "{} is not a norm of 0 or more (0 turns clipping off)",
+                o.grad_clip
+            ),
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_options_names_the_flag_and_never_overflows() {
+        let ok = TrainOptions::default();
+        assert!(check_options(&ok, 64).is_ok());
+        type Edit = fn(&mut TrainOptions);
+        let cases: [(Edit, &str); 10] = [
+            (|o| o.batch = 0, "--batch"),
+            (|o| o.seq = 0, "--seq"),
+            (|o| o.seq = 65, "--seq"),
+            (|o| o.steps = 0, "--steps"),
+            (|o| o.grad_accum = 1_000_000_000, "--grad-accum"),
+            (|o| o.batch = usize::MAX, "--batch"),
+            (|o| o.batch = 1 << 40, "--batch"),
+            (|o| o.lr = f32::NAN, "--lr"),
+            (|o| o.weight_decay = -0.1, "--weight-decay"),
+            (|o| o.grad_clip = -1.0, "--grad-clip"),
+        ];
+        for (edit, flag) in cases {
+            let mut o = TrainOptions::default();
+            edit(&mut o);
+            let err = check_options(&o, 64).expect_err(flag).to_string();
+            assert!(err.starts_with(flag), "{flag}: {err}");
+        }
+    }
 }
