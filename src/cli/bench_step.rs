@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
+use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::tune;
@@ -119,6 +120,8 @@ struct Tuned {
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
+    let (batch, seq, amp) = (args.batch, args.seq, args.amp);
+    check_fits(&dev, &config, Workload::Train { batch, seq, amp })?;
     let name = args
         .model
         .as_ref()

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::profile::{chrome_trace, Profiler};
 use wgrad::train::Trainer;
@@ -55,6 +56,8 @@ fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
+    let (batch, seq, amp) = (args.batch, args.seq, args.amp);
+    check_fits(&dev, &config, Workload::Train { batch, seq, amp })?;
     let mut model = setup::model(&dev, config.clone(), 0)?;
     model.set_amp(args.amp)?;
     let adamw = AdamWConfig {

@@ -153,6 +153,7 @@ impl TrainSession {
                 let dir = preset_dir(name)?;
                 let config = HfConfig::read(&dir.join("config.json"))?;
                 check_options(&options, config.gpt2.n_positions)?;
+                crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
                 let tokenizer = Tokenizer::for_model(&dir, &config)?;
                 let model = Gpt2::new(device, config.gpt2.clone(), options.seed)?;
                 (config, model, tokenizer)
@@ -160,6 +161,7 @@ impl TrainSession {
             ModelSource::Dir(dir) => {
                 let config = HfConfig::read(&dir.join("config.json"))?;
                 check_options(&options, config.gpt2.n_positions)?;
+                crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
                 load_model(device, dir)?
             }
         };
@@ -238,6 +240,7 @@ impl TrainSession {
         }
         let config = HfConfig::read(&dir.join("config.json"))?;
         check_options(&options, config.gpt2.n_positions)?;
+        crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
         let tokenizer = Tokenizer::for_model(dir, &config)?;
         let data = TokenDataset::load(&options.data, &tokenizer)?;
         let fingerprint = format!("{:016x}", tokens_fingerprint(data.tokens()));
