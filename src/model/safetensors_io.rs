@@ -41,6 +41,7 @@ pub fn load_pretrained(device: &Device, dir: &Path) -> Result<(HfConfig, Paramet
     let config = HfConfig::read(&dir.join(CONFIG_FILE))?;
     let params = Parameters::new(device, &config.gpt2.param_specs())?;
     load_weights(&params, &dir.join(WEIGHTS_FILE))?;
+    params.check_finite(&dir.join(WEIGHTS_FILE).display().to_string())?;
     Ok((config, params))
 }
 
