@@ -66,6 +66,11 @@ impl Faults {
             wgpu::Error::Internal { description, .. } => self.set(Fault::Internal(description)),
             wgpu::Error::Validation { .. } => {
                 tracing::error!("wgpu: {e}");
+                // After a fault, a resource whose creation failed is invalid and every use of
+                // it fails validation: a consequence, which the fault's error reports.
+                if self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                    return;
+                }
                 panic!("wgpu validation error (an engine bug, please report it): {e}");
             }
         }

@@ -174,11 +174,14 @@ pub fn human_bytes(bytes: u64) -> String {
 
 impl Error {
     /// Whether the error is an adapter limit the work exceeds (one storage binding, workgroups
-    /// per dimension): the same work fits a larger adapter. Benchmarks skip such sizes.
+    /// per dimension, its memory): the same work fits a larger adapter. Benchmarks skip such
+    /// sizes.
     pub fn is_adapter_limit(&self) -> bool {
         matches!(
             self,
-            Error::BindingTooLarge { .. } | Error::TooManyWorkgroups { .. }
+            Error::BindingTooLarge { .. }
+                | Error::TooManyWorkgroups { .. }
+                | Error::OutOfMemory { .. }
         )
     }
 }

@@ -98,8 +98,8 @@ pub fn footprint(config: &Gpt2Config, work: Workload) -> Result<Footprint> {
     let weights = m(4, numel)?;
     let mut parts = vec![("parameters", weights)];
     let f32_row = |tokens: u64, width: u64| m(m(tokens, width)?, 4);
-    let largest;
-    match work {
+    let mlp = "the MLP's activations (B x T, 4 x n_embd)";
+    let largest = match work {
         Workload::Train { batch, seq, amp } => {
             parts.push(("gradients", weights));
             parts.push(("AdamW moments", m(2, weights)?));
@@ -111,32 +111,27 @@ pub fn footprint(config: &Gpt2Config, work: Workload) -> Result<Footprint> {
             // q k v, the attention's output, the MLP's pre-activation and output, the two
             // residual sums: 16C values.
             let saved = m(l, f32_row(tokens, m(16, c)?)?)?;
-            // The logits and their gradient (the loss runs over chunks of one binding at most;
-            // one chunk counted).
-            let logits = m(2, f32_row(tokens, v)?)?;
+            // The logits, kept for the loss's backward (f16 under --amp; their gradient, made
+            // a chunk at a time, not counted).
+            let logits = m(tokens, v)?;
+            let logits = m(logits, if amp { 2 } else { 4 })?;
             parts.push(("activations", add(saved, logits)?));
-            largest = (
-                "the MLP's activations (B x T, 4 x n_embd)",
-                f32_row(tokens, m(4, c)?)?,
-            );
+            (mlp, f32_row(tokens, m(4, c)?)?)
         }
         Workload::Forward { batch, seq } => {
             let tokens = m(batch as u64, seq as u64)?;
             let hidden = m(2, f32_row(tokens, m(4, c)?)?)?;
             parts.push(("activations", add(hidden, f32_row(tokens, v)?)?));
-            largest = (
-                "the MLP's activations (B x T, 4 x n_embd)",
-                f32_row(tokens, m(4, c)?)?,
-            );
+            (mlp, f32_row(tokens, m(4, c)?)?)
         }
         Workload::Generate => {
             parts.push(("KV cache", m(2, m(l, f32_row(p, c)?)?)?));
-            largest = (
+            (
                 "one layer's K or V cache (n_positions, n_embd)",
                 f32_row(p, c)?,
-            );
+            )
         }
-    }
+    };
     let total = parts.iter().try_fold(0u64, |t, (_, b)| add(t, *b))?;
     Ok(Footprint {
         parts,
