@@ -30,9 +30,80 @@ pub struct Gpu {
     pub features: wgpu::Features,
     pub limits: wgpu::Limits,
     pub cooperative_matrix: Vec<wgpu::CooperativeMatrixProperties>,
+    /// What went wrong outside an error scope and is not an engine bug: the next wait reports
+    /// it (`take_fault`).
+    faults: Faults,
+}
+
+/// A GPU failure that is the machine's, not wgrad's.
+#[derive(Clone, Debug)]
+enum Fault {
+    /// Memory ran out where no error scope was open (a bind group, a command buffer).
+    OutOfMemory(String),
+    /// The driver or wgpu failed inside (a system limit, a driver error).
+    Internal(String),
+    /// The device is gone (driver reset, GPU removed, a hang the driver ended).
+    Lost(String),
+}
+
+/// The first fault since the last wait, shared with wgpu's callbacks.
+#[derive(Clone, Default)]
+struct Faults(std::sync::Arc<std::sync::Mutex<Option<Fault>>>);
+
+impl Faults {
+    fn set(&self, fault: Fault) {
+        tracing::error!("wgpu: {fault:?}");
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert(fault);
+    }
+
+    /// wgpu's uncaptured-error handler: a validation error means wgrad recorded something
+    /// invalid, an engine bug, and stops here; out-of-memory and internal errors are the
+    /// machine's and come back as errors from the next wait.
+    fn uncaptured(&self, e: wgpu::Error) {
+        match e {
+            wgpu::Error::OutOfMemory { source } => self.set(Fault::OutOfMemory(source.to_string())),
+            wgpu::Error::Internal { description, .. } => self.set(Fault::Internal(description)),
+            wgpu::Error::Validation { .. } => {
+                tracing::error!("wgpu: {e}");
+                // After a fault, a resource whose creation failed is invalid and every use of
+                // it fails validation: a consequence, which the fault's error reports.
+                if self.0.lock().unwrap_or_else(|e| e.into_inner()).is_some() {
+                    return;
+                }
+                panic!("wgpu validation error (an engine bug, please report it): {e}");
+            }
+        }
+    }
 }
 
 impl Gpu {
+    /// The fault recorded since the last call, as an error naming what happened and what to
+    /// do; None when there was none.
+    pub fn take_fault(&self) -> Option<Error> {
+        let fault = self
+            .faults
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()?;
+        Some(match fault {
+            Fault::OutOfMemory(reason) => Error::OutOfMemory {
+                what: "the GPU's work (bind groups, command buffers)".into(),
+                bytes: 0,
+                limit: format!("the adapter had no more memory ({reason})"),
+                advice: "Lower --batch or --seq, or use a smaller model".into(),
+            },
+            Fault::Internal(reason) => Error::Device(format!(
+                "the driver or wgpu failed (not a fault of the run's inputs): {reason}"
+            )),
+            Fault::Lost(reason) => Error::Device(format!(
+                "the GPU device was lost ({reason}): the driver reset it or it went away; \
+                 nothing more can run on it, start the command again"
+            )),
+        })
+    }
+
     pub fn new(choice: &AdapterChoice) -> Result<Gpu> {
         let backends = choice
             .backends
@@ -42,6 +113,12 @@ impl Gpu {
 
         let mut descriptor = wgpu::InstanceDescriptor {
             backends,
+            // Creation past 95% of the memory budget the driver reports fails as out of memory
+            // (Vulkan with VK_EXT_memory_budget, DX12) instead of overcommitting the GPU.
+            memory_budget_thresholds: wgpu::MemoryBudgetThresholds {
+                for_resource_creation: Some(95),
+                for_device_loss: None,
+            },
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         };
         if backends.contains(wgpu::Backends::NOOP) {
@@ -100,11 +177,13 @@ impl Gpu {
             adapter: info.name.clone(),
             reason: e.to_string(),
         })?;
-        device.on_uncaptured_error(std::sync::Arc::new(|e| {
-            // Validation errors are engine bugs; device loss is reported by the next poll.
-            tracing::error!("wgpu: {e}");
-            panic!("wgpu error (an engine bug, please report it): {e}");
-        }));
+        let faults = Faults::default();
+        let sink = faults.clone();
+        device.on_uncaptured_error(std::sync::Arc::new(move |e| sink.uncaptured(e)));
+        let sink = faults.clone();
+        device.set_device_lost_callback(move |reason, message| {
+            sink.set(Fault::Lost(format!("{reason:?}: {message}")));
+        });
         Ok(Gpu {
             device,
             queue,
@@ -112,6 +191,7 @@ impl Gpu {
             features,
             limits,
             cooperative_matrix,
+            faults,
         })
     }
 

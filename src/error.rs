@@ -77,6 +77,36 @@ pub enum Error {
         limit: u64,
     },
 
+    /// GPU memory that is not there: the adapter's, or the cap `PoolPolicy::memory_limit`
+    /// (`WGRAD_MEMORY_LIMIT_MIB`) sets, which the pool enforces the same way.
+    #[error(
+        "out of GPU memory: {what} needs {bytes} bytes ({}); {limit}. {advice}",
+        human_bytes(*bytes)
+    )]
+    OutOfMemory {
+        /// What was being allocated (or run).
+        what: String,
+        bytes: u64,
+        /// The limit that was hit and what was held, in words.
+        limit: String,
+        /// What to lower.
+        advice: String,
+    },
+
+    /// Loaded weights holding NaN or an infinity.
+    #[error(
+        "{path}: tensor `{tensor}` holds {count} non-finite values (NaN or infinite){others}; \
+         the weights are corrupt or diverged: use another checkpoint"
+    )]
+    NonFinite {
+        path: String,
+        /// The first such tensor (Hugging Face name).
+        tensor: String,
+        count: u64,
+        /// ", and N more tensors" where others have some too.
+        others: String,
+    },
+
     #[error("reading back from the GPU failed: {0}")]
     ReadBack(String),
 
@@ -126,13 +156,32 @@ pub enum Error {
     },
 }
 
+/// `bytes` in the largest binary unit that keeps it at 1 or more ("1.50 GiB").
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["bytes", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} bytes")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
 impl Error {
     /// Whether the error is an adapter limit the work exceeds (one storage binding, workgroups
-    /// per dimension): the same work fits a larger adapter. Benchmarks skip such sizes.
+    /// per dimension, its memory): the same work fits a larger adapter. Benchmarks skip such
+    /// sizes.
     pub fn is_adapter_limit(&self) -> bool {
         matches!(
             self,
-            Error::BindingTooLarge { .. } | Error::TooManyWorkgroups { .. }
+            Error::BindingTooLarge { .. }
+                | Error::TooManyWorkgroups { .. }
+                | Error::OutOfMemory { .. }
         )
     }
 }

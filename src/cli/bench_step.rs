@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
+use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::tune;
@@ -95,6 +96,15 @@ struct Report {
     /// --amp: the loss scale after the last step, and the steps skipped on an overflow.
     loss_scale: Option<f32>,
     skipped_steps: Option<u64>,
+    /// GPU memory the tensor pool held (live and cached) after the first step and after the
+    /// last: flat over a long run (`--steps 1000`) unless something leaks.
+    pool_bytes_first: u64,
+    pool_bytes_last: u64,
+    /// The most bytes tensors held at once over the run.
+    peak_bytes: u64,
+    /// Buffers made after the second step (the tensor pool's, the arenas', the read-backs'):
+    /// 0 when every later step reuses what the first two made.
+    buffers_created_after_step_2: u64,
     /// --tune: the products searched, each with its tile and time.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     tuned: Vec<Tuned>,
@@ -116,10 +126,18 @@ struct Tuned {
     step_busy_ms: Option<f64>,
 }
 
+/// GPU memory the tensor pool holds: live and cached.
+fn pool_bytes(dev: &Device) -> u64 {
+    let p = dev.pool_stats();
+    p.bytes_live + p.bytes_cached
+}
+
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
+    let (batch, seq, amp) = (args.batch, args.seq, args.amp);
+    check_fits(&dev, &config, Workload::Train { batch, seq, amp })?;
     let name = args
         .model
         .as_ref()
@@ -178,7 +196,10 @@ pub fn run(args: &Args) -> Result<()> {
     let mut losses = Vec::new();
     let mut step0 = (0, 0.0, 0.0);
     let mut slowest = Vec::new();
-    for i in 0..args.warmup.max(1) + args.steps {
+    let mut pool_bytes_first = 0;
+    let mut created_by_step_2 = None;
+    let total_steps = args.warmup.max(1) + args.steps;
+    for i in 0..total_steps {
         let c0 = dev.counters();
         let p0 = (i == 0).then(|| dev.pipeline_stats());
         let b0 = dev.pool_stats().buffers_created;
@@ -212,7 +233,14 @@ pub fn run(args: &Args) -> Result<()> {
             created += dev.pool_stats().buffers_created - b0;
         }
         times.push(ms);
+        let buffers = dev.pool_stats().buffers_created + dev.other_buffers_created();
+        match i {
+            0 => pool_bytes_first = pool_bytes(&dev),
+            1 => created_by_step_2 = Some(buffers),
+            _ => {}
+        }
     }
+    let buffers = dev.pool_stats().buffers_created + dev.other_buffers_created();
     let scale = trainer.opt.loss_scale()?;
     let timed: Vec<f64> = times[args.warmup.max(1)..].to_vec();
     let mut sorted = timed.clone();
@@ -246,6 +274,10 @@ pub fn run(args: &Args) -> Result<()> {
         loss_last: *losses.last().expect("steps ran"),
         loss_scale: scale.map(|s| s.scale),
         skipped_steps: scale.map(|s| s.skipped_steps),
+        pool_bytes_first,
+        pool_bytes_last: pool_bytes(&dev),
+        peak_bytes: dev.pool_stats().peak_bytes_live,
+        buffers_created_after_step_2: created_by_step_2.map_or(0, |b| buffers - b),
         tuned,
     };
     if args.json {
@@ -293,6 +325,13 @@ pub fn run(args: &Args) -> Result<()> {
         println!("barriers per step    {:>10.1}", report.barriers_per_step);
         println!("moved ahead per step {:>10.1}", report.moved_per_step);
         println!("waiting on the GPU   {:>10}", report.wait);
+        println!(
+            "pool memory          {:>10} -> {} bytes (step 1 -> last; peak live {}, {} buffers made after step 2)",
+            report.pool_bytes_first,
+            report.pool_bytes_last,
+            report.peak_bytes,
+            report.buffers_created_after_step_2
+        );
         println!(
             "loss                 {:>10.4} -> {:.4}",
             report.loss_first, report.loss_last

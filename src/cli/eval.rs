@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use wgrad::model::evaluate_text;
+use wgrad::memory::{check_fits, Workload};
+use wgrad::model::{evaluate_text, HfConfig};
 use wgrad::session::load_model;
 use wgrad::{Device, Result};
 
@@ -25,6 +26,9 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
+    let config = HfConfig::read(&args.model.join("config.json"))?.gpt2;
+    let seq = args.seq.unwrap_or(config.n_positions);
+    check_fits(&dev, &config, Workload::Forward { batch: 1, seq })?;
     let (_, model, tokenizer) = load_model(&dev, &args.model)?;
     let seq = args.seq.unwrap_or(model.config.n_positions);
     let report = evaluate_text(&model, &tokenizer, &args.text, seq)?;

@@ -5,7 +5,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use wgrad::model::{check_request, generate, Sampling};
+use wgrad::memory::{check_fits, Workload};
+use wgrad::model::{check_request, generate, HfConfig, Sampling};
 use wgrad::session::load_model;
 use wgrad::{Device, Error, Result};
 
@@ -35,6 +36,8 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
+    let config = HfConfig::read(&args.model.join("config.json"))?.gpt2;
+    check_fits(&dev, &config, Workload::Generate)?;
     let (_, model, tokenizer) = load_model(&dev, &args.model)?;
     let eot = tokenizer.end_of_text();
     let mut prompt = tokenizer.encode(&args.prompt)?;

@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 
+use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::profile::{chrome_trace, Profiler};
 use wgrad::train::Trainer;
@@ -56,6 +57,8 @@ pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
+    let (batch, seq, amp) = (args.batch, args.seq, args.amp);
+    check_fits(&dev, &config, Workload::Train { batch, seq, amp })?;
     let mut model = setup::model(&dev, config.clone(), 0)?;
     model.set_amp(args.amp)?;
     let adamw = AdamWConfig {

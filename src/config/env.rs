@@ -8,7 +8,7 @@ use super::{lab, AttentionSync, F32Matmul, Float, OptionRow, Options, PoolReuse,
 use crate::error::{Error, Result};
 
 /// The variables of a default build, with what each sets.
-pub const VARIABLES: [(&str, &str); 16] = [
+pub const VARIABLES: [(&str, &str); 17] = [
     ("WGRAD_BACKEND", "backends searched"),
     ("WGRAD_ADAPTER", "adapter by name"),
     ("WGRAD_DISABLE_FEATURES", "optional features left off"),
@@ -24,6 +24,7 @@ pub const VARIABLES: [(&str, &str); 16] = [
     ("WGRAD_COMPILE_THREADS", "pipeline compile threads"),
     ("WGRAD_POOL_REUSE", "when the pool reuses"),
     ("WGRAD_POOL_BUDGET_MIB", "the pool's budget"),
+    ("WGRAD_MEMORY_LIMIT_MIB", "GPU memory the pool may hold"),
     ("WGRAD_CACHE_DIR", "where tile tables live"),
 ];
 
@@ -129,6 +130,14 @@ pub fn read<'v>(vars: &'v [(String, String)]) -> Result<Options> {
     }
     if let Some(v) = get("WGRAD_POOL_BUDGET_MIB") {
         o.pool.budget = Some(number("WGRAD_POOL_BUDGET_MIB", v)? << 20);
+    }
+    if let Some(v) = get("WGRAD_MEMORY_LIMIT_MIB") {
+        let mib = number("WGRAD_MEMORY_LIMIT_MIB", v)?;
+        let bytes = mib.checked_mul(1 << 20).filter(|&b| b > 0);
+        o.pool.memory_limit = Some(bytes.ok_or_else(|| Error::InvalidArgument {
+            op: "WGRAD_MEMORY_LIMIT_MIB",
+            reason: format!("{mib} MiB: give a positive number of MiB (unset it for no cap)"),
+        })?);
     }
     o.paths.cache_dir = match (get("WGRAD_CACHE_DIR"), get("XDG_CACHE_HOME"), get("HOME")) {
         (Some(d), _, _) => Some(PathBuf::from(d)),
@@ -396,6 +405,15 @@ pub fn rows(o: &Options) -> Vec<OptionRow> {
             "WGRAD_POOL_BUDGET_MIB",
         ),
         (
+            "pool",
+            "memory limit",
+            opt(
+                o.pool.memory_limit.map(|b| format!("{} MiB", b >> 20)),
+                "the adapter's memory",
+            ),
+            "WGRAD_MEMORY_LIMIT_MIB",
+        ),
+        (
             "paths",
             "cache dir",
             opt(
@@ -433,6 +451,7 @@ mod tests {
             ("WGRAD_LOGITS", "f32"),
             ("WGRAD_F32_MATMUL", "tiled"),
             ("WGRAD_POOL_BUDGET_MIB", "64"),
+            ("WGRAD_MEMORY_LIMIT_MIB", "512"),
             ("WGRAD_DISABLE_FEATURES", "subgroups, f16"),
             ("HOME", "/home/u"),
         ]))
@@ -441,6 +460,7 @@ mod tests {
         assert_eq!(o.precision.f32_matmul, F32Matmul::Tiled);
         assert_eq!(o.precision.attention, Float::F16);
         assert_eq!(o.pool.budget, Some(64 << 20));
+        assert_eq!(o.pool.memory_limit, Some(512 << 20));
         assert!(o
             .adapter
             .disable
@@ -455,7 +475,8 @@ mod tests {
                 "WGRAD_DISABLE_FEATURES",
                 "WGRAD_LOGITS",
                 "WGRAD_F32_MATMUL",
-                "WGRAD_POOL_BUDGET_MIB"
+                "WGRAD_POOL_BUDGET_MIB",
+                "WGRAD_MEMORY_LIMIT_MIB"
             ]
         );
         let row = o.rows().into_iter().find(|r| r.variable == "WGRAD_LOGITS");
@@ -465,6 +486,8 @@ mod tests {
             ("WGRAD_MAX_BINDING", "100", "at least 1024"),
             ("WGRAD_DISABLE_FEATURES", "subgroup", "`subgroups`"),
             ("WGRAD_COMPILE_THREADS", "many", "whole number"),
+            ("WGRAD_MEMORY_LIMIT_MIB", "0", "positive"),
+            ("WGRAD_MEMORY_LIMIT_MIB", "18446744073709551615", "positive"),
             ("WGRAD_COOP_WORDS", "0", "removed"),
             ("WGRAD_NO_SUCH", "1", "not a variable"),
         ] {

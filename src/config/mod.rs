@@ -208,6 +208,12 @@ pub struct PoolPolicy {
     /// the open one (`WGRAD_POOL_BUDGET_MIB`; None: twice the most bytes ever live, at least
     /// 1 GiB more).
     pub budget: Option<u64>,
+    /// Bytes of GPU memory the tensor pool may hold, live and cached
+    /// (`WGRAD_MEMORY_LIMIT_MIB`; None: as much as the adapter gives). A request past it is
+    /// refused exactly as one the adapter has no memory for (`Error::OutOfMemory`), after
+    /// the cached buffers are let go; runs are checked against it before they allocate
+    /// (`memory::check_fits`).
+    pub memory_limit: Option<u64>,
 }
 
 /// Where wgrad keeps files of its own.

@@ -18,6 +18,7 @@ pub mod attention;
 pub mod attention_coop;
 pub mod cast;
 mod compile;
+pub mod count_nonfinite;
 pub mod cross_entropy;
 mod dtype;
 pub mod elementwise;
@@ -555,6 +556,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     #[cfg(feature = "lab")]
     v.extend(peak::variants());
     v.push((&absmax::ABSMAX, absmax::spec()));
+    v.push((&count_nonfinite::COUNT_NONFINITE, count_nonfinite::spec()));
     v
 }
 

@@ -58,7 +58,9 @@ impl GpuArena {
     }
 
     /// A buffer of at least `bytes` (kept across flushes; replaced by a larger one if needed).
-    /// Returns the buffer and its id; the id changes when the buffer is replaced.
+    /// Returns the buffer and its id; the id changes when the buffer is replaced. Made while
+    /// flushing, outside an error scope: an out-of-memory here goes to wgpu's uncaptured-error
+    /// handler and comes back as an error from the next wait (`Gpu::take_fault`).
     pub fn reserve(&mut self, device: &wgpu::Device, bytes: u64) -> (&wgpu::Buffer, u64) {
         let fits = matches!(&self.buffer, Some((b, _)) if b.size() >= bytes);
         if !fits {

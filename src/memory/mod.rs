@@ -1,10 +1,13 @@
 //! GPU memory: the size-class buffer pool, the per-flush arenas (dispatch parameters and host
-//! uploads), and pooled read-back buffers. Nothing here calls a kernel.
+//! uploads), pooled read-back buffers, and whether a run fits before it allocates (`fit`).
+//! Nothing here calls a kernel.
 
 mod arena;
+mod fit;
 mod pool;
 
 pub use arena::{GpuArena, HostArena};
+pub use fit::{check_fits, footprint, Footprint, Workload, UNKNOWN_MEMORY};
 pub use pool::{size_class, BufferPool, PoolStats, PooledBuffer, Reuse};
 
 use std::sync::atomic::{AtomicU64, Ordering};

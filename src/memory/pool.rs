@@ -18,6 +18,7 @@
 //! same order.
 
 use crate::config::{PoolPolicy, PoolReuse};
+use crate::error::{human_bytes, Error, Result};
 use std::collections::BTreeMap;
 
 use rustc_hash::FxHashMap as HashMap;
@@ -126,6 +127,8 @@ pub struct PoolStats {
     pub peak_bytes_live: u64,
     /// Buffers destroyed by `trim`.
     pub buffers_destroyed: u64,
+    /// Cached buffers let go to make room under the memory cap or after the adapter ran out.
+    pub buffers_evicted: u64,
 }
 
 impl PoolStats {
@@ -152,7 +155,17 @@ pub struct BufferPool {
     reuse: Reuse,
     /// The most bytes ever live (`peak_bytes_live` restarts with the counters).
     high_water: u64,
+    /// Bytes (live and cached) the pool may hold (`PoolPolicy::memory_limit`).
+    memory_limit: Option<u64>,
+    /// The adapter's largest buffer: a size class past it is cut to what was asked.
+    max_buffer: u64,
+    /// Ids of the buffers evicted since `take_evicted` (their bind groups are stale).
+    evicted: Vec<u64>,
 }
+
+/// What an out-of-memory error says to lower.
+const ADVICE: &str = "Lower --batch or --seq (a smaller --batch with a larger --grad-accum \
+     trains on as many tokens a step), or use a smaller model";
 
 impl BufferPool {
     pub fn new(label: &'static str, usage: wgpu::BufferUsages, reuse: Reuse) -> BufferPool {
@@ -164,7 +177,42 @@ impl BufferPool {
             stats: PoolStats::default(),
             reuse,
             high_water: 0,
+            memory_limit: None,
+            max_buffer: u64::MAX,
+            evicted: Vec::new(),
         }
+    }
+
+    /// The cap on the bytes the pool holds (live and cached; None: the adapter's memory) and
+    /// the adapter's largest buffer.
+    pub fn set_limits(&mut self, memory_limit: Option<u64>, max_buffer: u64) {
+        self.memory_limit = memory_limit;
+        self.max_buffer = max_buffer;
+    }
+
+    /// The ids of buffers evicted since the last call (their bind groups are stale).
+    pub fn take_evicted(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.evicted)
+    }
+
+    /// Lets go of every cached buffer (dropped, not destroyed: work recorded or running that
+    /// reads one keeps it until done); returns the bytes let go.
+    pub fn evict(&mut self) -> u64 {
+        let freed = self.stats.bytes_cached;
+        self.opened.clear();
+        for (_, class) in self.free.drain() {
+            for (id, _) in class.earlier.into_iter().chain(class.open) {
+                self.evicted.push(id);
+                self.stats.buffers_evicted += 1;
+            }
+        }
+        self.stats.bytes_cached = 0;
+        freed
+    }
+
+    /// Bytes live and cached.
+    pub fn bytes_held(&self) -> u64 {
+        self.stats.bytes_live + self.stats.bytes_cached
     }
 
     /// How later requests are served.
@@ -187,14 +235,23 @@ impl BufferPool {
     /// (f32) with no open-Segment reuse; at 1.5x it reused, and 23 and 49 of its dispatches
     /// waited at barriers they need not have (PROFILING.md, 2026-11-26).
     fn budget(&self, fixed: Option<u64>) -> u64 {
-        fixed.unwrap_or((self.high_water * 2).max(self.high_water + (1 << 30)))
+        let budget = fixed.unwrap_or((self.high_water * 2).max(self.high_water + (1 << 30)));
+        budget.min(self.memory_limit.unwrap_or(u64::MAX))
     }
 
     /// A buffer of at least `bytes`, from the free list of its class (as `Reuse` says) or newly
-    /// created.
-    pub fn acquire(&mut self, device: &wgpu::Device, bytes: u64) -> PooledBuffer {
-        let size = size_class(bytes);
-        self.stats.requests += 1;
+    /// created; `what` names it in an out-of-memory error. A buffer the memory cap has no room
+    /// for, or the adapter's memory, is `Error::OutOfMemory` (cached buffers are let go first).
+    pub fn acquire(
+        &mut self,
+        device: &wgpu::Device,
+        bytes: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<PooledBuffer> {
+        let mut size = size_class(bytes);
+        if size > self.max_buffer {
+            size = bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT);
+        }
         let over = match self.reuse {
             Reuse::Any => true,
             Reuse::AcrossSegments { budget } => {
@@ -215,23 +272,86 @@ impl BufferPool {
                 buf
             }
             None => {
+                let buffer = self.create(device, size, what)?;
                 self.stats.buffers_created += 1;
                 PooledBuffer {
-                    buffer: device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some(self.label),
-                        size,
-                        usage: self.usage,
-                        mapped_at_creation: false,
-                    }),
+                    buffer,
                     id: next_buffer_id(),
                     size,
                 }
             }
         };
+        self.stats.requests += 1;
         self.stats.bytes_live += size;
         self.stats.peak_bytes_live = self.stats.peak_bytes_live.max(self.stats.bytes_live);
         self.high_water = self.high_water.max(self.stats.bytes_live);
-        buf
+        Ok(buf)
+    }
+
+    /// A new buffer of `size` bytes within the memory cap, under an out-of-memory error scope
+    /// (its pop is a lock and a lookup on native backends, no wait on the GPU: and buffers are
+    /// made in the first steps only, reused after).
+    fn create(
+        &mut self,
+        device: &wgpu::Device,
+        size: u64,
+        what: &dyn Fn() -> String,
+    ) -> Result<wgpu::Buffer> {
+        if let Some(limit) = self.memory_limit {
+            if self.bytes_held() + size > limit {
+                self.evict();
+            }
+            if self.stats.bytes_live + size > limit {
+                return Err(self.out_of_memory(
+                    what(),
+                    size,
+                    format!(
+                        "the memory cap is {limit} bytes ({}, WGRAD_MEMORY_LIMIT_MIB)",
+                        human_bytes(limit)
+                    ),
+                ));
+            }
+        }
+        let descriptor = wgpu::BufferDescriptor {
+            label: Some(self.label),
+            size,
+            usage: self.usage,
+            mapped_at_creation: false,
+        };
+        for attempt in 0..2 {
+            let scope = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let buffer = device.create_buffer(&descriptor);
+            match pollster::block_on(scope.pop()) {
+                None => return Ok(buffer),
+                // Cached buffers hold memory no tensor uses: let them go and try once more.
+                Some(_) if attempt == 0 && self.evict() > 0 => continue,
+                Some(e) => {
+                    let reason = match e {
+                        wgpu::Error::OutOfMemory { source } => source.to_string(),
+                        other => other.to_string(),
+                    };
+                    return Err(self.out_of_memory(
+                        what(),
+                        size,
+                        format!("the adapter has no more memory for it ({reason})"),
+                    ));
+                }
+            }
+        }
+        unreachable!("the second attempt returns")
+    }
+
+    fn out_of_memory(&self, what: String, bytes: u64, limit: String) -> Error {
+        let live = self.stats.bytes_live;
+        Error::OutOfMemory {
+            what,
+            bytes,
+            limit: format!(
+                "{limit}, and tensors hold {live} bytes ({})",
+                human_bytes(live)
+            ),
+            advice: ADVICE.to_string(),
+        }
     }
 
     /// Returns a buffer to its free list.
@@ -270,6 +390,7 @@ impl BufferPool {
         self.stats.reuses = 0;
         self.stats.requests = 0;
         self.stats.buffers_destroyed = 0;
+        self.stats.buffers_evicted = 0;
         self.stats.peak_bytes_live = self.stats.bytes_live;
     }
 }

@@ -48,6 +48,7 @@ pub fn load_pretrained(device: &Device, dir: &Path) -> Result<(HfConfig, Paramet
     let found = checked_tensors(&path, &map, &specs)?;
     let params = Parameters::new(device, &specs)?;
     upload(&params, &found)?;
+    params.check_finite(&path.display().to_string())?;
     Ok((config, params))
 }
 

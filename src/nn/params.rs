@@ -360,6 +360,50 @@ impl Parameters {
         self.params.iter().map(|p| p.tensor.numel()).sum()
     }
 
+    /// The NaN and infinite elements of each parameter, counted on the GPU (a
+    /// `count_nonfinite` dispatch per stored tensor, one read-back for all): (name, count) of
+    /// every parameter that has some, in the specs' order.
+    pub fn count_nonfinite(&self) -> Result<Vec<(String, u64)>> {
+        let counts = Tensor::from_u32(
+            &self.device,
+            &vec![0; self.params.len()],
+            &[self.params.len()],
+        )?;
+        for (slot, p) in self.params.iter().enumerate() {
+            crate::kernels::count_nonfinite::record(&self.device, &counts, slot, &p.tensor)?;
+        }
+        let counts = counts.to_vec_u32()?;
+        Ok(self
+            .logical
+            .iter()
+            .map(|l| {
+                let n = l.shards.iter().map(|&(i, _)| counts[i] as u64).sum();
+                (l.spec.name.clone(), n)
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect())
+    }
+
+    /// An error naming the first parameter that holds a NaN or an infinity (and how many), read
+    /// from `source` (a file, for the message); Ok when every element is finite.
+    pub fn check_finite(&self, source: &str) -> Result<()> {
+        let bad = self.count_nonfinite()?;
+        let Some((tensor, count)) = bad.first().cloned() else {
+            return Ok(());
+        };
+        let others = match bad.len() - 1 {
+            0 => String::new(),
+            1 => ", and 1 more tensor has some".into(),
+            n => format!(", and {n} more tensors have some"),
+        };
+        Err(Error::NonFinite {
+            path: source.to_string(),
+            tensor,
+            count,
+            others,
+        })
+    }
+
     /// Marks every gradient zero (no dispatch: the next backward overwrites).
     pub fn zero_grad(&self) {
         for p in &self.params {

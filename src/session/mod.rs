@@ -189,6 +189,7 @@ impl TrainSession {
                 let preset = crate::assets::Preset::named(name)?;
                 let config = preset.config()?;
                 check_options(&options, config.gpt2.n_positions)?;
+                crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
                 let tokenizer = preset.tokenizer()?;
                 let model = Gpt2::new(device, config.gpt2.clone(), options.seed)?;
                 (config, model, tokenizer)
@@ -196,6 +197,7 @@ impl TrainSession {
             ModelSource::Dir(dir) => {
                 let config = HfConfig::read(&dir.join("config.json"))?;
                 check_options(&options, config.gpt2.n_positions)?;
+                crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
                 load_model(device, dir)?
             }
         };
@@ -279,6 +281,7 @@ impl TrainSession {
         }
         let config = HfConfig::read(&dir.join("config.json"))?;
         check_options(&options, config.gpt2.n_positions)?;
+        crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
         let tokenizer = Tokenizer::for_model(dir, &config)?;
         let data = TokenDataset::load(&options.data, &tokenizer)?;
         let fingerprint = format!("{:016x}", tokens_fingerprint(data.tokens()));

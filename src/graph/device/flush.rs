@@ -30,8 +30,11 @@ impl Device {
     pub fn sync(&self) -> Result<()> {
         let idx = self.flush_locked(&mut self.state());
         let start = std::time::Instant::now();
-        self.wait_for(idx, wgpu::PollStatus::is_queue_empty)
-            .map_err(|e| Error::Device(e.to_string()))?;
+        let waited = self.wait_for(idx, wgpu::PollStatus::is_queue_empty);
+        if let Some(fault) = self.rt.gpu.take_fault() {
+            return Err(fault);
+        }
+        waited.map_err(|e| Error::Device(e.to_string()))?;
         self.state().counters.wait_ns += start.elapsed().as_nanos() as u64;
         Ok(())
     }

@@ -179,7 +179,7 @@ impl Device {
             | wgpu::BufferUsages::COPY_SRC
             | wgpu::BufferUsages::COPY_DST;
         let read_back_usage = wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST;
-        let state = State {
+        let mut state = State {
             pool: BufferPool::new(
                 "wgrad:tensor",
                 storage_usage,
@@ -214,6 +214,9 @@ impl Device {
             split_tickets: Vec::new(),
             next_tickets: 0,
         };
+        let max_buffer = gpu.limits.max_buffer_size;
+        state.pool.set_limits(options.pool.memory_limit, max_buffer);
+        state.read_back_pool.set_limits(None, max_buffer);
         let wait = wait_mode(options, &gpu.info);
         let f32_tensor_cores = options.precision.f32_matmul == F32Matmul::TensorCores
             && crate::kernels::matmul_coop::Coop::available(&gpu).is_some();
@@ -329,9 +332,15 @@ impl Device {
                 limit,
             });
         }
-        let buf = self.state().pool.acquire(&self.rt.gpu.device, bytes);
+        let mut s = self.state();
+        let buf = s.pool.acquire(&self.rt.gpu.device, bytes, what);
+        let evicted = s.pool.take_evicted();
+        if !evicted.is_empty() {
+            s.bind_groups.forget(&evicted);
+        }
+        drop(s);
         Ok(Arc::new(Storage {
-            buf: Some(buf),
+            buf: Some(buf?),
             device: self.clone(),
             bytes,
         }))

@@ -49,7 +49,10 @@ impl Device {
         let gpu = &self.rt.gpu;
         let (staging, idx) = {
             let mut s = self.state();
-            let staging = s.read_back_pool.acquire(&gpu.device, size);
+            let staging = s.read_back_pool.acquire(&gpu.device, size, &|| {
+                format!("a staging buffer reading back {len} bytes")
+            })?;
+            s.read_back_pool.take_evicted(); // staging buffers are in no bind group
             let src_ref = src.buffer_ref();
             s.segment.commands.push(Command::Copy {
                 src: src_ref.buffer,
@@ -76,10 +79,13 @@ impl Device {
             flag.store(true, std::sync::atomic::Ordering::Release);
             let _ = tx.send(r);
         });
-        self.wait_for(Some(idx), |_| {
+        let waited = self.wait_for(Some(idx), |_| {
             mapped.load(std::sync::atomic::Ordering::Acquire)
-        })
-        .map_err(|e| Error::ReadBack(e.to_string()))?;
+        });
+        if let Some(fault) = self.rt.gpu.take_fault() {
+            return Err(fault);
+        }
+        waited.map_err(|e| Error::ReadBack(e.to_string()))?;
         rx.recv()
             .map_err(|e| Error::ReadBack(e.to_string()))?
             .map_err(|e| Error::ReadBack(e.to_string()))?;
