@@ -146,6 +146,7 @@ fn out_is_checked_before_the_first_step() {
     let out = run(&["--resume", &ckpt, "--steps", "2"], &data);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(read_train_state(&dir.join("ckpt")).unwrap().state.step, 2);
+    #[cfg(unix)]
     assert_eq!(
         names(&dir.join("ckpt")),
         [
@@ -199,6 +200,16 @@ fn overwrite_leaves_one_consistent_model_and_the_users_other_files() {
         ],
         "another model's tokenizer and shards would shadow the saved ones"
     );
+
+    // Saved over the directory it came from: the same tokenizer keeps its settings.
+    std::fs::write(other.join("tokenizer_config.json"), "{}").unwrap();
+    let own = other.to_str().unwrap();
+    let out = run(
+        &["--steps", "1", "--model", own, "--out", own, "--overwrite"],
+        &data,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(other.join("tokenizer_config.json").exists());
 }
 
 #[cfg(unix)]
@@ -222,6 +233,16 @@ fn sigterm_stops_after_the_step_with_a_checkpoint_and_stale_temporaries_go() {
     .stderr(Stdio::piped())
     .spawn()
     .expect("starting wgrad");
+    // Should the signal go unheeded, the run is ended (and the test fails) rather than left to
+    // train for hours.
+    let waited = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = (child.id().to_string(), waited.clone());
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_secs(300));
+        if !watchdog.1.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = Command::new("kill").args(["-KILL", &watchdog.0]).status();
+        }
+    });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().expect("a step").expect("a line");
     assert!(first.contains("\"step\":1"), "{first}");
@@ -237,6 +258,7 @@ fn sigterm_stops_after_the_step_with_a_checkpoint_and_stale_temporaries_go() {
         .last()
         .unwrap_or(1);
     let out = child.wait_with_output().expect("waiting");
+    waited.store(true, std::sync::atomic::Ordering::SeqCst);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(143), "{err}");
     assert!(

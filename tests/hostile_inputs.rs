@@ -462,5 +462,6 @@ fn mutated_safetensors_headers_are_errors_naming_the_file() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+#[cfg(unix)]
 #[path = "hostile/cli.rs"]
 mod cli;

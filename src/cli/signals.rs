@@ -56,7 +56,9 @@ pub fn stop_on_signals(interrupt: Interrupt, saving: Option<String>) -> Caught {
                         None => String::new(),
                     };
                     eprintln!("\n{name} again: quitting now{kept}");
-                    std::process::exit(128 + signal);
+                    // At once, without running exit handlers under a thread that may be
+                    // inside the GPU driver: the directory's journal makes any moment safe.
+                    signal_hook::low_level::exit(128 + signal);
                 }
             }
         });

@@ -109,12 +109,6 @@ impl StagedFiles {
         self.write_with(name, |w| w.write_all(bytes))
     }
 
-    /// Stages a copy of `src` as the file `name`.
-    pub fn copy(&mut self, name: &str, src: &Path) -> Result<()> {
-        let mut from = File::open(src).map_err(io_err(src))?;
-        self.write_with(name, |w| std::io::copy(&mut from, w).map(|_| ()))
-    }
-
     /// Removes the file `name` (when it exists) in the same commit as the new files.
     pub fn remove_on_commit(&mut self, name: &str) {
         self.removals.push(self.dir.join(name));
@@ -215,7 +209,9 @@ pub(crate) fn recover(dir: &Path) -> Result<bool> {
             "not a wgrad commit journal ({e}); remove it if no wgrad wrote this directory"
         ),
     })?;
-    let own = |name: &str| !name.contains('/') && !name.contains('\\') && name != "..";
+    let own = |name: &str| {
+        !name.is_empty() && !name.contains(['/', '\\', ':']) && name != "." && name != ".."
+    };
     if !journal.renames.iter().all(|(a, b)| own(a) && own(b))
         || !journal.removals.iter().all(|n| own(n))
     {

@@ -128,7 +128,7 @@ pub fn save_checkpoint(
         reason: format!("serializing the training state: {e}"),
     })?;
     staged.write(STATE_FILE, &bytes)?;
-    remove_other_model_files(&mut staged)?;
+    remove_other_model_files(&mut staged, Some(tokenizer))?;
     staged.commit()
 }
 
@@ -137,6 +137,7 @@ pub fn save_checkpoint(
 pub fn saved_metadata(dir: &Path) -> Result<HashMap<String, String>> {
     use std::io::Read;
     let path = dir.join(STATE_FILE);
+    crate::model::refuse_non_regular(&path, STATE_FILE)?;
     let bad = |reason: String| Error::ModelFile {
         path: path.display().to_string(),
         reason,
@@ -209,8 +210,8 @@ pub fn read_train_state(dir: &Path) -> Result<SavedState> {
     let weights = file_fingerprint(&dir.join(WEIGHTS_FILE))?;
     if field("weights_fnv1a64")? != format!("{weights:016x}") {
         return Err(bad(format!(
-            "the training state was not saved with the {WEIGHTS_FILE} beside it (a save was \
-             cut off between the two files); resume from another checkpoint"
+            "the training state was not saved with the {WEIGHTS_FILE} beside it (files of two \
+             saves mixed, by a copy or by hand); resume from another checkpoint"
         )));
     }
     let hyper_parameters = serde_json::from_str(&field("hyper_parameters")?)

@@ -8,7 +8,7 @@
 //!
 //! The built-in corpus (`crate::assets`, named `builtin:austen-persuasion.txt`) is tokenized in
 //! memory on each load, never cached: it is not a file of the user's to write beside, and its
-//! 120K tokens take a fraction of a second (the test `the_builtin_corpus_is_tokenized_in_memory`
+//! 113K tokens take a fraction of a second (the test `the_builtin_corpus_is_tokenized_in_memory`
 //! prints the time).
 //!
 //! Cache layout (little-endian): magic `WGRDTOK1`, text bytes u64, text FNV-1a u64, tokenizer

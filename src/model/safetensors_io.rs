@@ -26,7 +26,7 @@ use crate::graph::Device;
 use crate::model::atomic::{file_op, sync_file, StagedFiles};
 use crate::model::hf_config::HfConfig;
 use crate::model::input_file::refuse_non_regular;
-use crate::model::tokenizer::{FileSource, Tokenizer};
+use crate::model::tokenizer::Tokenizer;
 use crate::nn::{Gpt2Config, ParamSpec, Parameters};
 
 pub const WEIGHTS_FILE: &str = "model.safetensors";
@@ -329,7 +329,7 @@ pub fn save_pretrained(
 ) -> Result<()> {
     let mut staged = StagedFiles::new(dir)?;
     stage_pretrained(&mut staged, config, params, tokenizer)?;
-    remove_other_model_files(&mut staged)?;
+    remove_other_model_files(&mut staged, tokenizer)?;
     staged.commit()
 }
 
@@ -396,12 +396,7 @@ pub(crate) fn stage_pretrained(
     sync_file(&tmp)?;
     if let Some(tok) = tokenizer {
         for f in tok.files() {
-            match &f.source {
-                FileSource::Path(src) => staged.copy(f.name, src)?,
-                FileSource::Builtin(bytes) => {
-                    staged.write_with(f.name, |w| std::io::Write::write_all(w, bytes))?
-                }
-            }
+            staged.write(f.name, f.bytes())?;
         }
     }
     Ok(tmp)
@@ -411,7 +406,7 @@ pub(crate) fn stage_pretrained(
 /// weights (shards and their index, other formats), its tokenizer and generation settings.
 /// Left beside a saved model they would win over it or contradict it (a `tokenizer.json`
 /// beside wgrad's vocab.json and merges.txt is the tokenizer `from_pretrained` takes).
-const MODEL_FILES: [&str; 14] = [
+const MODEL_FILES: [&str; 10] = [
     CONFIG_FILE,
     WEIGHTS_FILE,
     "model.safetensors.index.json",
@@ -422,11 +417,32 @@ const MODEL_FILES: [&str; 14] = [
     "tokenizer.json",
     "vocab.json",
     "merges.txt",
+];
+
+/// Settings that go with a tokenizer: kept beside the same tokenizer (a model saved over the
+/// directory it came from), removed with another one.
+const TOKENIZER_SETTINGS: [&str; 4] = [
     "tokenizer_config.json",
     "special_tokens_map.json",
     "added_tokens.json",
     "generation_config.json",
 ];
+
+/// Whether the directory's tokenizer is `tokenizer`: its files there, byte for byte, and no
+/// other tokenizer file.
+fn holds_tokenizer(dir: &Path, tokenizer: Option<&Tokenizer>) -> bool {
+    let Some(tok) = tokenizer else {
+        return false;
+    };
+    let ours = |name: &str| tok.files().iter().find(|f| f.name == name);
+    ["tokenizer.json", "vocab.json", "merges.txt"]
+        .iter()
+        .all(|name| match (ours(name), std::fs::read(dir.join(name))) {
+            (Some(f), Ok(bytes)) => bytes == f.bytes(),
+            (None, Err(_)) => true,
+            _ => false,
+        })
+}
 
 /// A shard of a sharded checkpoint: `model-00001-of-00003.safetensors`,
 /// `pytorch_model-00001-of-00003.bin`.
@@ -446,9 +462,14 @@ fn is_shard(name: &str) -> bool {
 }
 
 /// Registers for removal, in the same commit, every model file in the directory that the
-/// staged ones do not replace (`MODEL_FILES`, shards).
-pub(crate) fn remove_other_model_files(staged: &mut StagedFiles) -> Result<()> {
+/// staged ones do not replace (`MODEL_FILES`, shards), and the tokenizer settings unless the
+/// directory's tokenizer is `tokenizer`.
+pub(crate) fn remove_other_model_files(
+    staged: &mut StagedFiles,
+    tokenizer: Option<&Tokenizer>,
+) -> Result<()> {
     let dir = staged.dir().to_path_buf();
+    let settings_stay = holds_tokenizer(&dir, tokenizer);
     let written: HashSet<String> = staged.names().map(str::to_string).collect();
     let entries = std::fs::read_dir(&dir).map_err(|source| Error::Io {
         path: dir.display().to_string(),
@@ -459,7 +480,10 @@ pub(crate) fn remove_other_model_files(staged: &mut StagedFiles) -> Result<()> {
         let Some(name) = entry.file_name().to_str().map(str::to_string) else {
             continue;
         };
-        if !written.contains(&name) && (MODEL_FILES.contains(&name.as_str()) || is_shard(&name)) {
+        let settings = TOKENIZER_SETTINGS.contains(&name.as_str()) && !settings_stay;
+        if !written.contains(&name)
+            && (MODEL_FILES.contains(&name.as_str()) || is_shard(&name) || settings)
+        {
             gone.push(name);
         }
     }

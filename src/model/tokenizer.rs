@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use tokenizers::models::bpe::{Merges, Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -40,13 +41,24 @@ pub struct TokenizerFile {
     pub source: FileSource,
 }
 
-/// Where a tokenizer file's bytes are.
+/// Where a tokenizer file came from, with its bytes as read: a save writes those, whatever
+/// became of the file since.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileSource {
     /// A file on disk (a model directory's).
-    Path(PathBuf),
+    File { path: PathBuf, bytes: Arc<[u8]> },
     /// Compiled into the binary (`crate::assets`).
     Builtin(&'static [u8]),
+}
+
+impl TokenizerFile {
+    /// The file's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.source {
+            FileSource::File { bytes, .. } => bytes,
+            FileSource::Builtin(bytes) => bytes,
+        }
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -122,8 +134,14 @@ impl Tokenizer {
                 (merges.display().to_string(), m.as_slice()),
             ],
             [
-                FileSource::Path(vocab.to_path_buf()),
-                FileSource::Path(merges.to_path_buf()),
+                FileSource::File {
+                    path: vocab.to_path_buf(),
+                    bytes: Arc::from(v.as_slice()),
+                },
+                FileSource::File {
+                    path: merges.to_path_buf(),
+                    bytes: Arc::from(m.as_slice()),
+                },
             ],
         )
     }
@@ -192,7 +210,10 @@ impl Tokenizer {
             fingerprint: fnv1a64(FNV_OFFSET, &bytes),
             files: vec![TokenizerFile {
                 name: "tokenizer.json",
-                source: FileSource::Path(path.to_path_buf()),
+                source: FileSource::File {
+                    path: path.to_path_buf(),
+                    bytes: Arc::from(bytes.as_slice()),
+                },
             }],
             origin: path.display().to_string(),
         })
@@ -381,7 +402,7 @@ mod tests {
         let names: Vec<_> = builtin.files().iter().map(|f| f.name).collect();
         assert_eq!(names, ["vocab.json", "merges.txt"]);
         assert!(matches!(builtin.files()[0].source, FileSource::Builtin(_)));
-        assert!(matches!(files.files()[1].source, FileSource::Path(_)));
+        assert!(matches!(files.files()[1].source, FileSource::File { .. }));
     }
 
     #[test]

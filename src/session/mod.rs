@@ -426,6 +426,7 @@ impl TrainSession {
             // Before any work: a held-out split too short for one sequence.
             self.data.held_out_batches(1, self.options.seq)?;
         }
+        let requested = || control.interrupt.as_ref().is_some_and(Interrupt::requested);
         let dev = self.trainer.model.params.device().clone();
         let ring = Tensor::zeros(&dev, &[LOSS_RING])?;
         let first_step = self.step() + 1;
@@ -454,7 +455,7 @@ impl TrainSession {
             dev.flush();
             pending += 1;
             let step = self.step();
-            let stop = control.interrupt.as_ref().is_some_and(Interrupt::requested);
+            let stop = requested();
             let end = step == until;
             let last = end || stop;
             let eval_now =
@@ -503,14 +504,24 @@ impl TrainSession {
             }
             summary.final_loss = *losses.last().expect("one step at least");
             summary.tokens += pending * self.tokens_per_step();
-            if save_now {
-                let out = out.as_ref().expect("save_now needs out");
-                self.save(out)?;
-                summary.saved = Some(out.path().to_path_buf());
-                on_event(&Event::Saved {
-                    step,
-                    dir: out.path().to_path_buf(),
-                });
+            // A stop asked for during the read-back, the evaluation or the save also saves
+            // this step (once), then ends the run.
+            let mut stop = stop || requested();
+            let mut saved = false;
+            loop {
+                if let Some(out) = out.as_ref().filter(|_| (save_now || stop) && !saved) {
+                    self.save(out)?;
+                    saved = true;
+                    summary.saved = Some(out.path().to_path_buf());
+                    on_event(&Event::Saved {
+                        step,
+                        dir: out.path().to_path_buf(),
+                    });
+                }
+                if stop || !requested() {
+                    break;
+                }
+                stop = true;
             }
             pending = 0;
             group_start = Instant::now();

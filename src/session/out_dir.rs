@@ -6,10 +6,10 @@
 //! - a directory with anything in it that is not a checkpoint of this run (another run's
 //!   checkpoint, another model, unrelated files), unless `overwrite`;
 //! - a directory another wgrad process is writing (`.wgrad-lock`, held until the run ends and
-//!   then removed; the system releases the lock of a process that dies, so a killed run leaves
-//!   an unlocked file the next run takes).
+//!   then removed on Unix; the system releases the lock of a process that dies, so a killed
+//!   run leaves an unlocked file the next run takes).
 //!
-//! Holding the lock, it finishes a save a stopped process committed (`atomic::recover`) and
+//! Holding the lock, and once the directory is accepted, it finishes a save a stopped process committed (`atomic::recover`) and
 //! removes the temporaries stopped saves left (`atomic::remove_stale_temporaries`).
 
 use std::fs::{File, OpenOptions};
@@ -59,8 +59,12 @@ impl Drop for OutDir {
 }
 
 fn refuse(path: &Path, reason: String) -> Error {
+    refuse_as("--out", path, reason)
+}
+
+fn refuse_as(op: &'static str, path: &Path, reason: String) -> Error {
     Error::InvalidArgument {
-        op: "--out",
+        op,
         reason: format!("{}: {reason}", path.display()),
     }
 }
@@ -106,17 +110,18 @@ impl OutDir {
                     .into(),
             ));
         }
-        let lock = lock_dir(path)?;
-        recover(path)?;
-        remove_stale_temporaries(path)?;
-        probe_writable(path)?;
+        let lock = lock_dir(path, "--out")?;
         let out = OutDir {
             path: path.to_path_buf(),
             lock: Some(lock),
         };
+        // Read-only until accepted: a refused directory is left as it was.
         if !policy.overwrite {
             out.check_contents(policy)?;
         }
+        recover(path)?;
+        remove_stale_temporaries(path)?;
+        probe_writable(path)?;
         Ok(out)
     }
 
@@ -177,7 +182,7 @@ pub(crate) fn finish_stopped_save(dir: &Path) -> Result<()> {
     if !dir.join(JOURNAL).exists() {
         return Ok(());
     }
-    let lock = lock_dir(dir)?;
+    let lock = lock_dir(dir, "--resume")?;
     recover(dir)?;
     unlock_dir(dir, lock);
     Ok(())
@@ -185,7 +190,7 @@ pub(crate) fn finish_stopped_save(dir: &Path) -> Result<()> {
 
 /// Takes `dir`'s lock: `dir/.wgrad-lock`, created when missing, locked exclusively. An error
 /// when another process holds it.
-fn lock_dir(dir: &Path) -> Result<File> {
+fn lock_dir(dir: &Path, op: &'static str) -> Result<File> {
     let lock_path = dir.join(LOCK_FILE);
     loop {
         let lock = OpenOptions::new()
@@ -193,20 +198,26 @@ fn lock_dir(dir: &Path) -> Result<File> {
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(|e| refuse(dir, format!("not writable ({e})")))?;
+            .map_err(|e| refuse_as(op, dir, format!("not writable ({e})")))?;
         match lock.try_lock() {
             Ok(()) => {}
             Err(std::fs::TryLockError::WouldBlock) => {
-                return Err(refuse(
+                return Err(refuse_as(
+                    op,
                     dir,
                     format!(
                         "another wgrad process is writing this directory (it holds \
-                         {LOCK_FILE}); wait for it to finish or give another --out"
+                         {LOCK_FILE}); wait for it to finish{}",
+                        if op == "--out" {
+                            " or give another --out"
+                        } else {
+                            ""
+                        }
                     ),
                 ))
             }
             Err(std::fs::TryLockError::Error(e)) => {
-                return Err(refuse(dir, format!("cannot lock {LOCK_FILE}: {e}")))
+                return Err(refuse_as(op, dir, format!("cannot lock {LOCK_FILE}: {e}")))
             }
         }
         // The holder before us removes the file as it lets go (`unlock_dir`): a lock taken on
