@@ -161,6 +161,44 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// `text` without its test-only items: each `#[cfg(test)]`, the attributes after it and the
+/// item they qualify (one line, or a block up to the closing brace at the attribute's indent).
+fn without_test_items(text: &str) -> String {
+    let mut code = String::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        if line.trim() != "#[cfg(test)]" {
+            code.push_str(line);
+            code.push('\n');
+            continue;
+        }
+        let indent = &line[..line.len() - line.trim_start().len()];
+        let closing = format!("{indent}}}");
+        for item in lines.by_ref() {
+            let item = item.trim_end();
+            if item.trim_start().starts_with("#[") {
+                continue;
+            }
+            if item.ends_with('{') {
+                for inner in lines.by_ref() {
+                    if inner.trim_end() == closing {
+                        break;
+                    }
+                }
+            }
+            break;
+        }
+    }
+    code
+}
+
+#[test]
+fn the_test_items_are_told_from_the_code() {
+    let text = "use a;\n#[cfg(test)]\nmod tests;\nfn b() {}\n#[cfg(test)]\n#[path = \"x.rs\"]\nmod t;\n\
+                #[cfg(test)]\npub(crate) mod support {\n    fn c() {}\n}\nfn d() {}\n    #[cfg(test)]\n    fn e() {\n    }\n";
+    assert_eq!(without_test_items(text), "use a;\nfn b() {}\nfn d() {}\n");
+}
+
 #[test]
 fn only_src_assets_finds_the_built_in_files() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -191,8 +229,10 @@ fn only_src_assets_finds_the_built_in_files() {
         if test_files.contains(&name) {
             continue;
         }
-        // The code before the file's first test module (test modules come last).
-        let code = text.split("#[cfg(test)]").next().unwrap_or_default();
+        if name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue; // a test module's own file (`#[cfg(test)] mod tests;`)
+        }
+        let code = without_test_items(text);
         let rel = path.strip_prefix(&src).unwrap().display().to_string();
         if code.contains("CARGO_MANIFEST_DIR") {
             found.push(format!("{rel}: CARGO_MANIFEST_DIR"));
