@@ -212,6 +212,14 @@ fn overwrite_leaves_one_consistent_model_and_the_users_other_files() {
     assert!(other.join("tokenizer_config.json").exists());
 }
 
+/// Sends `signal` to process `pid`.
+#[cfg(unix)]
+fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) on a child's pid; no memory is shared.
+    let sent = unsafe { libc::kill(pid as libc::pid_t, signal) };
+    assert_eq!(sent, 0, "kill({pid}, {signal})");
+}
+
 #[cfg(unix)]
 #[test]
 fn sigterm_stops_after_the_step_with_a_checkpoint_and_stale_temporaries_go() {
@@ -236,21 +244,17 @@ fn sigterm_stops_after_the_step_with_a_checkpoint_and_stale_temporaries_go() {
     // Should the signal go unheeded, the run is ended (and the test fails) rather than left to
     // train for hours.
     let waited = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watchdog = (child.id().to_string(), waited.clone());
+    let watchdog = (child.id(), waited.clone());
     std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_secs(300));
         if !watchdog.1.load(std::sync::atomic::Ordering::SeqCst) {
-            let _ = Command::new("kill").args(["-KILL", &watchdog.0]).status();
+            signal(watchdog.0, libc::SIGKILL);
         }
     });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let first = lines.next().expect("a step").expect("a line");
     assert!(first.contains("\"step\":1"), "{first}");
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    signal(child.id(), libc::SIGTERM);
     let last_step = lines
         .map_while(|l| l.ok())
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
