@@ -125,33 +125,10 @@ mod tests {
             assert_eq!(c.gpt2.layer_norm_epsilon, 1e-5, "{}", p.name);
             assert!(c.tokenizer_dir().is_none(), "{}: no path to follow", p.name);
         }
-        assert_eq!(
-            Preset::named("tiny")
-                .unwrap()
-                .config()
-                .unwrap()
-                .gpt2
-                .n_layer,
-            2
-        );
-        assert_eq!(
-            Preset::named("distilgpt2")
-                .unwrap()
-                .config()
-                .unwrap()
-                .gpt2
-                .n_layer,
-            6
-        );
-        assert_eq!(
-            Preset::named("gpt2")
-                .unwrap()
-                .config()
-                .unwrap()
-                .gpt2
-                .n_layer,
-            12
-        );
+        for (name, layers) in [("tiny", 2), ("distilgpt2", 6), ("gpt2", 12)] {
+            let config = Preset::named(name).unwrap().config().unwrap();
+            assert_eq!(config.gpt2.n_layer, layers, "{name}");
+        }
         let err = Preset::named("gpt3").unwrap_err().to_string();
         assert!(
             err.contains("gpt3") && err.contains("tiny, distilgpt2, gpt2"),

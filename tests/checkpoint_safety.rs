@@ -4,30 +4,16 @@
 //! SIGTERM ends the run with a checkpoint it resumes from, and a killed save's leftovers are
 //! removed by the next run. (Kills at each file operation of a save: src/session/tests.rs.)
 
+mod common;
+
+use common::{file_names, Scratch};
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use wgrad::model::{read_train_state, STATE_FILE, WEIGHTS_FILE};
 use wgrad::session::{OutDir, OutPolicy};
-
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("wgrad-ckpt-safety-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a scratch directory");
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A few kB of the bundled corpus, so that runs tokenize quickly.
 fn corpus(dir: &Path) -> PathBuf {
@@ -55,15 +41,6 @@ fn run(args: &[&str], data: &Path) -> Output {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .expect("listing")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 /// Refused before anything trains, with the reason, and nothing in the way touched.
@@ -108,7 +85,7 @@ fn out_is_checked_before_the_first_step() {
             "--overwrite",
         ],
     );
-    assert_eq!(names(&dir.join("notes")), ["plan.txt"]);
+    assert_eq!(file_names(&dir.join("notes")), ["plan.txt"]);
 
     // A checkpoint: another run may not write over it; its own run (resumed) may.
     let ckpt = p("ckpt");
@@ -148,7 +125,7 @@ fn out_is_checked_before_the_first_step() {
     assert_eq!(read_train_state(&dir.join("ckpt")).unwrap().state.step, 2);
     #[cfg(unix)]
     assert_eq!(
-        names(&dir.join("ckpt")),
+        file_names(&dir.join("ckpt")),
         [
             "config.json",
             "merges.txt",
@@ -189,7 +166,7 @@ fn overwrite_leaves_one_consistent_model_and_the_users_other_files() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
-        names(&other),
+        file_names(&other),
         [
             "README.md",
             "config.json",

@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{dev_with, private_dev};
+use common::{dev_with, private_dev, Scratch};
 use wgrad::model::{
     load_pretrained, read_train_state, save_pretrained, HfConfig, Tokenizer, STATE_FILE,
     WEIGHTS_FILE,
@@ -20,29 +20,6 @@ use wgrad::session::{
     Event, ModelSource, OptionFlags, RunControl, Schedule, TrainOptions, TrainSession,
 };
 use wgrad::{Device, Error, Result};
-
-/// A scratch directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir =
-            std::env::temp_dir().join(format!("wgrad-cli-train-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a scratch directory");
-        Scratch(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)

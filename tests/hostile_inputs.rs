@@ -3,32 +3,17 @@
 //! the fault is one) and never a panic; then the binary on the flags and files that used to
 //! panic, abort, hang or pass silently, each an exit code of 1 or 2 with the reason on stderr.
 
+mod common;
+
+use common::Scratch;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::PathBuf;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use wgrad::model::{check_weights, HfConfig};
 use wgrad::nn::Gpt2Config;
-
-/// A scratch directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("wgrad-hostile-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a scratch directory");
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// `f`'s result, or the panic's message as an error of its own kind.
 fn no_panic<T>(f: impl FnOnce() -> wgrad::Result<T>) -> Result<wgrad::Result<T>, String> {

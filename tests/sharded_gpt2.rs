@@ -10,7 +10,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_close, dev_with, private_dev};
+use common::{assert_close, dev_with, private_dev, Scratch};
 use safetensors::SafeTensors;
 use wgrad::model::{
     load_pretrained, save_pretrained, Generator, HfConfig, Tokenizer, WEIGHTS_FILE,
@@ -210,28 +210,6 @@ fn a_split_model_generates_the_unsplit_logits() -> Result<()> {
     assert_close(&runs[0].0, &f64s(&runs[1].0), 1e-5, "prompt logits");
     assert_close(&runs[0].1, &f64s(&runs[1].1), 1e-5, "next-token logits");
     Ok(())
-}
-
-/// A scratch directory, removed when dropped.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("wgrad-sharded-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a scratch directory");
-        Scratch(dir)
-    }
-
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[test]

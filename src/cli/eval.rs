@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use wgrad::memory::{check_fits, Workload};
-use wgrad::model::{evaluate_text, HfConfig};
+use wgrad::model::{check_eval_seq, evaluate_text, HfConfig};
 use wgrad::session::load_model;
-use wgrad::{Device, Error, Result};
+use wgrad::{Device, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -28,15 +28,7 @@ pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = HfConfig::read(&args.model.join("config.json"))?.gpt2;
     let seq = args.seq.unwrap_or(config.n_positions);
-    if seq == 0 || seq > config.n_positions {
-        return Err(Error::InvalidArgument {
-            op: "--seq",
-            reason: format!(
-                "{seq} tokens per chunk: the model has {} positions (1..={})",
-                config.n_positions, config.n_positions
-            ),
-        });
-    }
+    check_eval_seq(config.n_positions, seq)?;
     check_fits(&dev, &config, Workload::Forward { batch: 1, seq })?;
     let (_, model, tokenizer) = load_model(&dev, &args.model)?;
     let seq = args.seq.unwrap_or(model.config.n_positions);

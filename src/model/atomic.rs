@@ -350,16 +350,7 @@ mod kill {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::test_support::ScratchDir;
-
-    fn names(dir: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(dir)
-            .expect("listing")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    }
+    use crate::model::test_support::{file_names as names, ScratchDir};
 
     fn read(path: &Path) -> String {
         std::fs::read_to_string(path).expect("reading")

@@ -55,7 +55,12 @@ pub fn evaluate(model: &Gpt2, tokens: &[u32], seq: usize, batch: usize) -> Resul
 }
 
 fn check_seq(model: &Gpt2, seq: usize) -> Result<()> {
-    let n_pos = model.config.n_positions;
+    check_eval_seq(model.config.n_positions, seq)
+}
+
+/// An error unless chunks of `seq` tokens fit a model of `n_pos` positions and make one
+/// prediction at least: `wgrad eval` checks it before estimating the run's memory.
+pub fn check_eval_seq(n_pos: usize, seq: usize) -> Result<()> {
     if seq < 2 || seq > n_pos {
         return Err(Error::InvalidArgument {
             op: "--seq",

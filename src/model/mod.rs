@@ -33,7 +33,7 @@ pub use checkpoint::{
 };
 pub use data::{TokenDataset, DEFAULT_HELD_OUT};
 pub(crate) use eval::mean_loss;
-pub use eval::{eval_batch_size, evaluate, evaluate_text, EvalReport};
+pub use eval::{check_eval_seq, eval_batch_size, evaluate, evaluate_text, EvalReport};
 pub use generate::{check_request, generate, Generator, KvCache, Sampling};
 pub use hf_config::HfConfig;
 pub(crate) use input_file::refuse_non_regular;
@@ -92,6 +92,16 @@ pub(crate) mod test_support {
         fn drop(&mut self) {
             let _ = std::fs::remove_dir_all(&self.0);
         }
+    }
+
+    /// The names of the entries in `dir`, sorted.
+    pub fn file_names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .expect("listing")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
     }
 
     /// A path inside the repository.

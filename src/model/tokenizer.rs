@@ -13,7 +13,7 @@ use tokenizers::AddedToken;
 
 use crate::error::{Error, Result};
 use crate::model::hf_config::HfConfig;
-use crate::model::input_file::refuse_non_regular;
+use crate::model::input_file::read_regular;
 use crate::model::{fnv1a64, FNV_OFFSET};
 
 /// GPT-2's end-of-text token (id 50256 in its vocabulary): separates documents.
@@ -78,14 +78,10 @@ fn tok_err(what: impl std::fmt::Display, reason: impl ToString) -> Error {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
-    refuse_non_regular(path, "a tokenizer file")?;
-    if !path.is_file() {
+    if !path.exists() {
         return Err(tok_err(path.display(), "no such file"));
     }
-    std::fs::read(path).map_err(|source| Error::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    read_regular(path, "a tokenizer file")
 }
 
 /// A vocab.json's token ids; `what` names it in errors.

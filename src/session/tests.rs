@@ -7,7 +7,9 @@ use std::path::Path;
 use super::*;
 use crate::model::atomic::{stop_at, stopped};
 use crate::model::save_pretrained;
-use crate::model::test_support::{device, gpt2_tokenizer_dir, repo_path, ScratchDir};
+use crate::model::test_support::{
+    device, file_names as names, gpt2_tokenizer_dir, repo_path, ScratchDir,
+};
 use crate::nn::Gpt2Config;
 
 /// A model directory of 1.6M parameters (GPT-2's vocabulary, 32 dimensions, one layer).
@@ -50,15 +52,6 @@ fn copy_dir(from: &Path, to: &Path) {
         let entry = entry.expect("entry");
         std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copying");
     }
-}
-
-fn names(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .expect("listing")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 #[test]

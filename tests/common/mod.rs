@@ -451,3 +451,35 @@ pub fn coop_search_tiles(d: &Device, x3: bool) -> Vec<wgrad::kernels::tuning::Ti
         None => Vec::new(),
     }
 }
+
+/// A scratch directory under the system's temporary directory, removed when dropped.
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    pub fn new(tag: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("wgrad-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("creating a scratch directory");
+        Scratch(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The names of the entries in `dir`, sorted.
+pub fn file_names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("listing")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
