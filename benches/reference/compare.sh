@@ -7,6 +7,12 @@
 # Env: STEPS, WARMUP (default 20, 5), WGRAD_MODES (default f32,amp), OUT (default /tmp),
 # TUNE (default 1: first search the tiles of each shape and mode's products with
 # `wgrad bench step --tune`, which writes the adapter's tile table; the timed runs read it).
+# GPT-2 only. For the Llama anchor (SmolLM2-135M's shape), run the two by hand in one lease:
+#   "$WGRAD" bench step --preset smollm2-135m --batch 8 --seq 1024 --amp --steps 20 --warmup 5 --json
+#   python3 benches/reference/torch_llama.py --batch 8 --seq 1024 --steps 20 --warmup 5 --json
+# (torch_llama.py is "PyTorch best": bf16 autocast, torch.compile, fused AdamW, SDPA; its
+# `median_ms` against wgrad's; `python3 benches/reference/torch_gpt2.py --best` is the same
+# configuration for GPT-2.)
 set -euo pipefail
 WGRAD=${1:-target/release/wgrad}
 SHAPES=${2:-4x128,8x512,16x1024}
