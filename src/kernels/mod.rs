@@ -32,6 +32,7 @@ pub mod named;
 pub mod peak;
 pub mod random;
 pub mod reduce;
+pub mod rmsnorm;
 pub mod scatter;
 pub mod softmax;
 pub mod tuning;
@@ -551,6 +552,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(cast::variants(f16));
     v.extend(random::variants());
     v.extend(layernorm::variants(f16));
+    v.extend(rmsnorm::variants(f16));
     v.extend(cross_entropy::variants(f16));
     v.extend(attention::variants());
     #[cfg(feature = "lab")]

@@ -27,6 +27,7 @@ mod linear;
 mod linear_split;
 mod matmul;
 mod reduce;
+mod rmsnorm;
 mod runtime;
 mod softmax;
 mod tuning;
