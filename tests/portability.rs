@@ -81,6 +81,7 @@ fn every_variant_translates_to_msl_hlsl_and_spirv() {
         "random",
         "layernorm",
         "rmsnorm",
+        "swiglu",
     ] {
         assert!(
             families.contains(family),

@@ -35,6 +35,7 @@ pub mod reduce;
 pub mod rmsnorm;
 pub mod scatter;
 pub mod softmax;
+pub mod swiglu;
 pub mod tuning;
 
 pub use dtype::DType;
@@ -553,6 +554,7 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(random::variants());
     v.extend(layernorm::variants(f16));
     v.extend(rmsnorm::variants(f16));
+    v.extend(swiglu::variants(f16));
     v.extend(cross_entropy::variants(f16));
     v.extend(attention::variants());
     #[cfg(feature = "lab")]

@@ -15,6 +15,7 @@ mod reduce;
 mod rmsnorm;
 mod shard_matmul;
 mod softmax;
+mod swiglu;
 mod view;
 
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};

@@ -280,6 +280,46 @@ pub fn rms_norm_backward(x: &Arr, weight: &Arr, dy: &Arr, eps: f64) -> [Arr; 2] 
 }
 
 // ------------------------------------------------------------------------------------------
+// SwiGLU.
+
+/// SwiGLU over x = [gate | up] along the last axis (2F): y (..., F) = silu(gate) * up, with
+/// silu(g) = g sigmoid(g).
+pub fn swiglu(x: &Arr) -> Arr {
+    let two_f = *x.shape.last().expect("rank >= 1");
+    let f = two_f / 2;
+    let mut shape = x.shape.clone();
+    *shape.last_mut().expect("rank >= 1") = f;
+    let mut y = Vec::with_capacity(x.numel() / 2);
+    for row in x.data.chunks(two_f) {
+        for j in 0..f {
+            let (g, u) = (row[j], row[f + j]);
+            y.push(g * sigmoid(g) * u);
+        }
+    }
+    Arr::new(&shape, y)
+}
+
+/// The gradient of x (..., 2F) of sum(swiglu(x) * dy): dgate = dy up s (1 + g (1 - s)),
+/// dup = dy g s, with s = sigmoid(g).
+pub fn swiglu_backward(x: &Arr, dy: &Arr) -> Arr {
+    let two_f = *x.shape.last().expect("rank >= 1");
+    let f = two_f / 2;
+    let mut dx = Vec::with_capacity(x.numel());
+    for (row, dy) in x.data.chunks(two_f).zip(dy.data.chunks(f.max(1))) {
+        let (mut dg, mut du) = (Vec::with_capacity(f), Vec::with_capacity(f));
+        for j in 0..f {
+            let (g, u, d) = (row[j], row[f + j], dy[j]);
+            let s = sigmoid(g);
+            dg.push(d * u * s * (1.0 + g * (1.0 - s)));
+            du.push(d * g * s);
+        }
+        dx.extend(dg);
+        dx.extend(du);
+    }
+    Arr::new(&x.shape, dx)
+}
+
+// ------------------------------------------------------------------------------------------
 // Cross-entropy.
 
 /// Cross-entropy of logits (..., V) against one target per row, averaged over the rows whose

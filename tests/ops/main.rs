@@ -30,6 +30,7 @@ mod reduce;
 mod rmsnorm;
 mod runtime;
 mod softmax;
+mod swiglu;
 mod tuning;
 mod views;
 
