@@ -79,6 +79,9 @@ fn every_variant_translates_to_msl_hlsl_and_spirv() {
         "matmul",
         "gather",
         "random",
+        "layernorm",
+        "rmsnorm",
+        "swiglu",
     ] {
         assert!(
             families.contains(family),

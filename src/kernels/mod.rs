@@ -32,8 +32,10 @@ pub mod named;
 pub mod peak;
 pub mod random;
 pub mod reduce;
+pub mod rmsnorm;
 pub mod scatter;
 pub mod softmax;
+pub mod swiglu;
 pub mod tuning;
 
 pub use dtype::DType;
@@ -551,6 +553,8 @@ pub fn all_variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
     v.extend(cast::variants(f16));
     v.extend(random::variants());
     v.extend(layernorm::variants(f16));
+    v.extend(rmsnorm::variants(f16));
+    v.extend(swiglu::variants(f16));
     v.extend(cross_entropy::variants(f16));
     v.extend(attention::variants());
     #[cfg(feature = "lab")]

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::graph::{DType, Tensor};
 use crate::kernels::layernorm::{self, LayerNormParams, Write};
 use crate::ops::elementwise::launch_copy;
-use crate::ops::Out;
+use crate::ops::{check_store_dtype, Out};
 
 const OP: &str = "layer_norm";
 
@@ -32,8 +32,8 @@ const MAX_CHUNKS: usize = 1024;
 
 /// (chunks, rows per chunk) of the backward over `rows` rows of `x`'s device when it sums
 /// dgamma and dbeta (a `lab` build's `WGRAD_LN_CHUNKS=MAX,MIN_ROWS` overrides the two
-/// constants).
-fn chunks(x: &Tensor, rows: usize) -> (usize, usize) {
+/// constants). RMSNorm's backward sums dweight in the same chunks.
+pub(super) fn chunks(x: &Tensor, rows: usize) -> (usize, usize) {
     let (max_chunks, min_rows) = x
         .device()
         .options()
@@ -53,7 +53,7 @@ struct LayerNormBackward {
 }
 
 /// (rows, C) of a (..., C) tensor of rank >= 1.
-fn rows_cols(x: &Tensor) -> (usize, usize) {
+pub(super) fn rows_cols(x: &Tensor) -> (usize, usize) {
     let cols = x.shape().last().copied().unwrap_or(1);
     // No columns: no rows either.
     let rows = x.numel().checked_div(cols).unwrap_or(0);
@@ -232,8 +232,12 @@ impl LayerNormBackward {
 }
 
 /// Stage 2: dgamma and dbeta from the (2, n_chunks, C) partials into their targets
-/// (`param_targets`: modes, buffers; any stride), in one dispatch.
-fn param_sums(partial: &Tensor, ([g_mode, b_mode], [gt, bt]): ([Write; 2], [&Tensor; 2])) {
+/// (`param_targets`: modes, buffers; any stride), in one dispatch. RMSNorm's dweight too: its
+/// (1, n_chunks, C) partials with dbeta's mode `Write::None` (that half is never read).
+pub(super) fn param_sums(
+    partial: &Tensor,
+    ([g_mode, b_mode], [gt, bt]): ([Write; 2], [&Tensor; 2]),
+) {
     let device = partial.device();
     let (n_chunks, cols) = (partial.shape()[1], partial.shape()[2]);
     let params = LayerNormParams {
@@ -313,27 +317,7 @@ impl Tensor {
     ) -> Result<Tensor> {
         check_args(self, gamma, beta, eps)?;
         let device = self.device();
-        let gpu = device.gpu();
-        match dtype {
-            DType::F32 => {}
-            DType::F16 if gpu.has(wgpu::Features::SHADER_F16) => {}
-            DType::F16 => {
-                return Err(Error::InvalidArgument {
-                    op: OP,
-                    reason: format!(
-                        "an f16 output needs f16 in shaders (shader-f16), which {} lacks",
-                        gpu.info.name
-                    ),
-                })
-            }
-            DType::U32 => {
-                return Err(Error::DTypeMismatch {
-                    op: OP,
-                    expected: DType::F32,
-                    got: DType::U32,
-                })
-            }
-        }
+        check_store_dtype(OP, device, dtype)?;
         let x = self.contiguous()?;
         let gamma = gamma.contiguous()?;
         let beta = beta.contiguous()?;

@@ -12,8 +12,10 @@ mod layernorm;
 mod linear;
 pub(crate) mod matmul;
 mod reduce;
+mod rmsnorm;
 mod shard_matmul;
 mod softmax;
+mod swiglu;
 mod view;
 
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
@@ -85,5 +87,27 @@ impl Out<'_> {
             });
         }
         Ok((t.clone(), acc))
+    }
+}
+
+/// Checks that an op can store its output as `dtype`: f32, or f16 where the adapter has f16 in
+/// shaders (a fused op's `_as` variants, for a consumer that reads f16 operands).
+pub(crate) fn check_store_dtype(op: &'static str, device: &Device, dtype: DType) -> Result<()> {
+    let gpu = device.gpu();
+    match dtype {
+        DType::F32 => Ok(()),
+        DType::F16 if gpu.has(wgpu::Features::SHADER_F16) => Ok(()),
+        DType::F16 => Err(Error::InvalidArgument {
+            op,
+            reason: format!(
+                "an f16 output needs f16 in shaders (shader-f16), which {} lacks",
+                gpu.info.name
+            ),
+        }),
+        DType::U32 => Err(Error::DTypeMismatch {
+            op,
+            expected: DType::F32,
+            got: DType::U32,
+        }),
     }
 }

@@ -240,6 +240,85 @@ pub fn layer_norm_backward(x: &Arr, gamma: &Arr, dy: &Arr, eps: f64) -> [Arr; 3]
     ]
 }
 
+/// RMSNorm over the last axis (C = weight's length), as Hugging Face's LlamaRMSNorm:
+/// y = weight * x * rstd, rstd = 1 / sqrt(mean(x^2) + eps).
+pub fn rms_norm(x: &Arr, weight: &Arr, eps: f64) -> Arr {
+    let cols = weight.numel();
+    let mut y = Vec::with_capacity(x.numel());
+    for row in x.data.chunks(cols) {
+        let rstd = rms_norm_rstd(row, eps);
+        for (c, v) in row.iter().enumerate() {
+            y.push(weight.data[c] * v * rstd);
+        }
+    }
+    Arr::new(&x.shape, y)
+}
+
+fn rms_norm_rstd(row: &[f64], eps: f64) -> f64 {
+    let ms = row.iter().map(|v| v * v).sum::<f64>() / row.len() as f64;
+    1.0 / (ms + eps).sqrt()
+}
+
+/// The gradients [dx, dweight] of sum(rms_norm(x, weight) * dy): with xhat = x rstd and
+/// dxhat = dy weight per row, dx = rstd (dxhat - xhat mean(dxhat xhat)); dweight = sum over
+/// rows of dy xhat.
+pub fn rms_norm_backward(x: &Arr, weight: &Arr, dy: &Arr, eps: f64) -> [Arr; 2] {
+    let cols = weight.numel();
+    let n = cols as f64;
+    let (mut dx, mut dweight) = (Vec::with_capacity(x.numel()), vec![0.0; cols]);
+    for (row, dy) in x.data.chunks(cols).zip(dy.data.chunks(cols)) {
+        let rstd = rms_norm_rstd(row, eps);
+        let xhat: Vec<f64> = row.iter().map(|v| v * rstd).collect();
+        let dxhat: Vec<f64> = (0..cols).map(|c| dy[c] * weight.data[c]).collect();
+        let m = (0..cols).map(|c| dxhat[c] * xhat[c]).sum::<f64>() / n;
+        for c in 0..cols {
+            dx.push(rstd * (dxhat[c] - xhat[c] * m));
+            dweight[c] += dy[c] * xhat[c];
+        }
+    }
+    [Arr::new(&x.shape, dx), Arr::new(&weight.shape, dweight)]
+}
+
+// ------------------------------------------------------------------------------------------
+// SwiGLU.
+
+/// SwiGLU over x = [gate | up] along the last axis (2F): y (..., F) = silu(gate) * up, with
+/// silu(g) = g sigmoid(g).
+pub fn swiglu(x: &Arr) -> Arr {
+    let two_f = *x.shape.last().expect("rank >= 1");
+    let f = two_f / 2;
+    let mut shape = x.shape.clone();
+    *shape.last_mut().expect("rank >= 1") = f;
+    let mut y = Vec::with_capacity(x.numel() / 2);
+    for row in x.data.chunks(two_f) {
+        for j in 0..f {
+            let (g, u) = (row[j], row[f + j]);
+            y.push(g * sigmoid(g) * u);
+        }
+    }
+    Arr::new(&shape, y)
+}
+
+/// The gradient of x (..., 2F) of sum(swiglu(x) * dy): dgate = dy up s (1 + g (1 - s)),
+/// dup = dy g s, with s = sigmoid(g).
+pub fn swiglu_backward(x: &Arr, dy: &Arr) -> Arr {
+    let two_f = *x.shape.last().expect("rank >= 1");
+    let f = two_f / 2;
+    let mut dx = Vec::with_capacity(x.numel());
+    for (row, dy) in x.data.chunks(two_f).zip(dy.data.chunks(f.max(1))) {
+        let (mut dg, mut du) = (Vec::with_capacity(f), Vec::with_capacity(f));
+        for j in 0..f {
+            let (g, u, d) = (row[j], row[f + j], dy[j]);
+            let s = sigmoid(g);
+            dg.push(d * u * s * (1.0 + g * (1.0 - s)));
+            du.push(d * g * s);
+        }
+        dx.extend(dg);
+        dx.extend(du);
+    }
+    Arr::new(&x.shape, dx)
+}
+
 // ------------------------------------------------------------------------------------------
 // Cross-entropy.
 

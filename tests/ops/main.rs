@@ -27,8 +27,10 @@ mod linear;
 mod linear_split;
 mod matmul;
 mod reduce;
+mod rmsnorm;
 mod runtime;
 mod softmax;
+mod swiglu;
 mod tuning;
 mod views;
 
