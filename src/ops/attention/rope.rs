@@ -109,8 +109,8 @@ impl Rope {
         Ok(())
     }
 
-    /// (T, D) cos and signed sin of positions start.. as `rope_reference` multiplies them:
-    /// cos and sin of d mod D/2, the sine negated for d < D/2 (rotate_half's -x[D/2:]).
+    /// (T, D) cos and sin of positions start.. as `rope_reference` multiplies them: of
+    /// d mod D/2 (Hugging Face's emb = cat(freqs, freqs)).
     fn rows(&self, start: usize, t: usize) -> (Vec<f32>, Vec<f32>) {
         let (d, half) = (self.head_dim, self.head_dim / 2);
         let mut cos = Vec::with_capacity(t * d);
@@ -118,8 +118,7 @@ impl Rope {
         for row in self.host[start * d..(start + t) * d].chunks_exact(d) {
             for j in 0..d {
                 cos.push(row[j % half]);
-                let s = row[half + j % half];
-                sin.push(if j < half { -s } else { s });
+                sin.push(row[half + j % half]);
             }
         }
         (cos, sin)
@@ -129,8 +128,8 @@ impl Rope {
 impl Tensor {
     /// The rotary embedding of `self`, (B, H, T, D) with D = `rope.head_dim()`, position of
     /// row t `start + t`: self * cos + rotate_half(self) * sin from unfused differentiable ops
-    /// (an index_select for rotate_half, products with (T, D) cos and sin), as Hugging Face's
-    /// `apply_rotary_pos_emb` writes it. The definition the fused attention's rotation is
+    /// (rotate_half a product with a (D, D) matrix of 0 and +-1, exact in f32; products with
+    /// (T, D) cos and sin), as Hugging Face's `apply_rotary_pos_emb` writes it. The definition the fused attention's rotation is
     /// tested against, and the model's reference path.
     pub fn rope_reference(&self, rope: &Rope, start: usize) -> Result<Tensor> {
         const REF: &str = "rope_reference";
@@ -148,10 +147,13 @@ impl Tensor {
         let (cos, sin) = rope.rows(start, t);
         let cos = Tensor::from_slice(device, &cos, &[t, d])?;
         let sin = Tensor::from_slice(device, &sin, &[t, d])?;
-        // rotate_half up to its sign (in `sin`): x[D/2:] then x[:D/2].
-        let swap: Vec<u32> = (0..d).map(|j| ((j + half) % d) as u32).collect();
-        let swap = Tensor::from_u32(device, &swap, &[d])?;
-        self.mul(&cos)?
-            .add(&self.index_select(3, &swap)?.mul(&sin)?)
+        // rotate_half(x) = x R: column i < D/2 takes -x[i + D/2], column i >= D/2 x[i - D/2].
+        let mut r = vec![0.0f32; d * d];
+        for i in 0..half {
+            r[(i + half) * d + i] = -1.0;
+            r[i * d + i + half] = 1.0;
+        }
+        let r = Tensor::from_slice(device, &r, &[d, d])?;
+        self.mul(&cos)?.add(&self.matmul(&r)?.mul(&sin)?)
     }
 }
