@@ -228,7 +228,7 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
         count,
         2 * (4 * (2 * 4 * (6 * 6 + 4 * 4 + 3 * 4 * 6) + (6 * 6 + 4 * 4 + 2 * 4 * 6))
             + 4 * (2 * 2 * (6 + 4 * 4) + 3 * (6 + 3 * 4))
-            + 3 * (3 + 5 * 2)
+            + 2 * 3 * (3 + 5 * 2)
             + 3
             + if cfg!(feature = "lab") { 2 } else { 0 }
             + 4 * (2 * 4 * 4 + 4))
@@ -242,8 +242,9 @@ fn every_cooperative_matrix_variant_translates_to_spirv_and_msl() {
          split products summed in their dispatch: 4 tiles x the paired accesses of the 5 type sets \
          x (acc x plain and bias, and with an f32 C acc x column sums and the residual not \
          accumulating); \
-         attention: 3 head dims x (the forward of 3 type sets, and the backward adding into its \
-         outputs or not of 5: `Io::made`), and its D of 3 type sets; in a lab build 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
+         attention: without and with a rotary embedding x 3 head dims x (the forward of 3 type \
+         sets, and the backward adding into its outputs or not of 5: `Io::made`), and its D of 3 \
+         type sets; in a lab build 2 roofs; X3 (f32 operands as high and low f16 parts): 4 tiles x (acc x the 4 \
          paired accesses of f32 operands x (3 epilogues and column sums), and the residual not \
          accumulating)); and on 16 x 16 fragments, C stored in vectors through the scratch tile: \
          4 tiles x (acc x (3 epilogues, and GELU with `pre` in vectors of f32 or f16) x the paired accesses of \

@@ -65,7 +65,21 @@
 // file, so the arrays a kind does not use get one element), DMAX (head dim padded: 32, 64 or
 // 128), BR, BC (query and key block, multiples of 4), ROWL, COLL (lane grid, COLL a multiple
 // of 8; `Tile::runs` in src/kernels/attention.rs lists what the mappings above need), ACC_DQ,
-// ACC_DK, ACC_DV (add the gradient into its target instead of overwriting it).
+// ACC_DK, ACC_DV (add the gradient into its target instead of overwriting it), ROPE (rotary
+// position embedding of q and k, below).
+//
+// Grouped-query attention: H = p.heads query heads share H / G key/value heads, G = p.group
+// (1: plain multi-head attention); query head h reads kv head h / G (`kv_bh`). k, v, dK, dV
+// are (B, H / G, T, D) views, read through `head` with a bh whose h is the kv head. attn_bwd_dkv
+// runs one workgroup per (block of keys, b * H / G + kv head) and loops over the G query heads
+// of its group, accumulating dK and dV in registers (FlashAttention-2's GQA backward, no
+// atomics).
+// Rotary position embedding (ROPE, Hugging Face's rotate_half convention, Su et al. 2021): q and
+// k are rotated as they are loaded, x_rot[d] = x[d] cos - x[d + D/2] sin (d < D/2) and
+// x[d] cos + x[d - D/2] sin (d >= D/2), at angle (p.start + t) * inv_freq[d mod D/2], cos and
+// sin read from the table `rope` ((positions, D) f32: a row's D/2 cosines then its D/2 sines,
+// computed on the host). dQ and dK leave rotated back (the transpose, `back`), so the kernels'
+// inputs and gradients are the un-rotated projections; v is not rotated.
 
 struct Params {
     heads: u32,
@@ -73,8 +87,8 @@ struct Params {
     d: u32,
     batch: u32,
     scale: f32,
-    _pad1: u32,
-    _pad2: u32,
+    group: u32, // query heads per key/value head
+    start: u32, // the position of row t = 0 (ROPE)
     _pad3: u32,
     q: vec4<u32>,
     k: vec4<u32>,
@@ -95,6 +109,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read> dout: array<f32>;
 @group(0) @binding(7) var<storage, read> lse: array<f32>;
 @group(0) @binding(8) var<storage, read> aux: array<f32>;
+@group(0) @binding(9) var<storage, read> rope: array<f32>; // (positions, D): cos | sin (ROPE)
 
 const KIND_FWD: u32 = 0u;
 const KIND_DQ: u32 = 1u;
@@ -161,6 +176,41 @@ fn head(view: vec4<u32>, bh: u32) -> u32 {
     return view.x + b * view.y + h * view.z;
 }
 
+// The bh of query head bh's key/value head, for `head` on a (B, H / G, T, D) view.
+fn kv_bh(bh: u32) -> u32 {
+    let h = bh % p.heads;
+    return bh - h + h / p.group;
+}
+
+// Element d of a row at position `pos` rotated (x its value, xp its partner's at
+// (d + D/2) mod D), or with `back` rotated back (the transpose, for gradients).
+fn rotate(x: f32, xp: f32, pos: u32, d: u32, back: bool) -> f32 {
+    let half = p.d / 2u;
+    let row = (p.start + pos) * p.d + d % half;
+    let sign = select(1.0, -1.0, (d < half) != back);
+    return fma(x, rope[row], sign * xp * rope[row + half]);
+}
+
+// Element i (column d, at position pos) of q or k as the scores see it: rotated under ROPE
+// (its partner read too; outside the view, !ok, element 0 of the table).
+fn partner(i: u32, d: u32, ok: bool) -> u32 {
+    return select(0u, i - d + (d + p.d / 2u) % p.d, ok);
+}
+
+fn q_at(i: u32, d: u32, pos: u32, ok: bool) -> f32 {
+    if (!ROPE) {
+        return q[i];
+    }
+    return rotate(q[i], q[partner(i, d, ok)], select(0u, pos, ok), select(0u, d, ok), false);
+}
+
+fn k_at(i: u32, d: u32, pos: u32, ok: bool) -> f32 {
+    if (!ROPE) {
+        return k[i];
+    }
+    return rotate(k[i], k[partner(i, d, ok)], select(0u, pos, ok), select(0u, d, ok), false);
+}
+
 // ------------------------------------------------------------------------------------------
 // The next block in flight: NEXT rows (BC keys; BR queries for attn_bwd_dkv) of one or two
 // views, a lane's share NPL elements of each (nx0: k, or scale * q; nx1: v, or dO), and for
@@ -179,6 +229,8 @@ var<private> nd: f32;
 // tile / 4, component tile % 4).
 struct Elem {
     i: u32,
+    r: u32,
+    d: u32,
     tile: u32,
     ok: bool,
     inside: bool, // within the block (NPL * WG may pass it)
@@ -190,13 +242,15 @@ fn elem(view: vec4<u32>, base: u32, row0: u32, lid: u32, j: u32) -> Elem {
     let d = e % DMAX;
     let inside = e < NEXT * DMAX;
     let ok = inside && row0 + r < p.t && d < p.d;
-    return Elem(select(0u, base + (row0 + r) * view.w + d, ok), r * DP4 * 4u + d, ok, inside);
+    return Elem(select(0u, base + (row0 + r) * view.w + d, ok), r, d, r * DP4 * 4u + d, ok,
+                inside);
 }
 // (One function per source: each entry point binds only what it reads.)
 fn fetch_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
     for (var j = 0u; j < NPL; j++) {
-        nx0[j] = k[elem(p.k, base, row0, lid, j).i];
+        let a = elem(p.k, base, row0, lid, j);
+        nx0[j] = k_at(a.i, a.d, row0 + a.r, a.ok);
     }
 }
 
@@ -210,7 +264,8 @@ fn fetch_v(bh: u32, row0: u32, lid: u32) {
 fn fetch_q(bh: u32, row0: u32, lid: u32) {
     let base = head(p.q, bh);
     for (var j = 0u; j < NPL; j++) {
-        nx0[j] = q[elem(p.q, base, row0, lid, j).i] * p.scale;
+        let a = elem(p.q, base, row0, lid, j);
+        nx0[j] = q_at(a.i, a.d, row0 + a.r, a.ok) * p.scale;
     }
 }
 
@@ -284,21 +339,22 @@ fn put_queries(bh: u32, row0: u32, lid: u32) {
 fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let bh = wid.y;
+    let kv = kv_bh(bh);
     let q0 = (nwg.x - 1u - wid.x) * BR;
     let lane = score_lane(lid);
     let tr = lane.x;
     let tc = lane.y;
 
     // The first block of keys and values in flight while the queries are staged.
-    fetch_k(bh, 0u, lid);
-    fetch_v(bh, 0u, lid);
+    fetch_k(kv, 0u, lid);
+    fetch_v(kv, 0u, lid);
     for (var e = lid; e < BR * DMAX; e += WG) {
         let r = e / DMAX;
         let d = e % DMAX;
         // Branch-free (loads under per-lane branches are not overlapped): outside the view a
         // lane reads element 0 and selects zero.
         let ok = q0 + r < p.t && d < p.d;
-        let x = q[select(0u, at(p.q, bh, q0 + r, d), ok)] * p.scale;
+        let x = q_at(select(0u, at(p.q, bh, q0 + r, d), ok), d, q0 + r, ok) * p.scale;
         tile_q[r * DP4 + d / 4u][d % 4u] = select(0.0, x, ok);
     }
     // The running max of each of this lane's rows (the same in every lane of the row) and the
@@ -315,10 +371,10 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 
     let keys = min(q0 + BR, p.t); // the causal mask ends at the block's last query
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        put_k(p.k, bh, k0, lid); // tile_k is free: the previous block's P v is done
+        put_k(p.k, kv, k0, lid); // tile_k is free: the previous block's P v is done
         workgroupBarrier();
         if (k0 + BC < keys) {
-            fetch_k(bh, k0 + BC, lid);
+            fetch_k(kv, k0 + BC, lid);
         }
 
         // S = (scale q) k^T for this lane's block, masked to keys <= query.
@@ -375,10 +431,10 @@ fn attn_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
                 acc[i * D4_PER_LANE + g] *= alpha;
             }
         }
-        put_v_in_k(p.v, bh, k0, lid);
+        put_v_in_k(p.v, kv, k0, lid);
         workgroupBarrier();
         if (k0 + BC < keys) {
-            fetch_v(bh, k0 + BC, lid);
+            fetch_v(kv, k0 + BC, lid);
         }
 
         // O += P v (tile_k holds v).
@@ -498,7 +554,7 @@ fn stage_queries(bh: u32, q0: u32, lid: u32) {
         let r = e / DMAX;
         let d = e % DMAX;
         let ok = q0 + r < p.t && d < p.d;
-        let x = q[select(0u, at(p.q, bh, q0 + r, d), ok)] * p.scale;
+        let x = q_at(select(0u, at(p.q, bh, q0 + r, d), ok), d, q0 + r, ok) * p.scale;
         let g = dout[select(0u, at(p.dout, bh, q0 + r, d), ok)];
         tile_q[r * DP4 + d / 4u][d % 4u] = select(0.0, x, ok);
         tile_do[r * DP4 + d / 4u][d % 4u] = select(0.0, g, ok);
@@ -511,7 +567,7 @@ fn stage_keys(bh: u32, k0: u32, lid: u32) {
         let c = e / DMAX;
         let d = e % DMAX;
         let ok = k0 + c < p.t && d < p.d;
-        let x = k[select(0u, at(p.k, bh, k0 + c, d), ok)];
+        let x = k_at(select(0u, at(p.k, bh, k0 + c, d), ok), d, k0 + c, ok);
         let y = v[select(0u, at(p.v, bh, k0 + c, d), ok)];
         tile_k[c * DP4 + d / 4u][d % 4u] = select(0.0, x, ok);
         tile_v[c * DP4 + d / 4u][d % 4u] = select(0.0, y, ok);
@@ -522,14 +578,15 @@ fn stage_keys(bh: u32, k0: u32, lid: u32) {
 fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
     let bh = wid.y;
+    let kv = kv_bh(bh);
     let q0 = (nwg.x - 1u - wid.x) * BR;
     let lane = score_lane(lid);
     let tr = lane.x;
     let tc = lane.y;
 
     // The first block of keys and values in flight while the queries are staged.
-    fetch_k(bh, 0u, lid);
-    fetch_v(bh, 0u, lid);
+    fetch_k(kv, 0u, lid);
+    fetch_v(kv, 0u, lid);
     stage_queries(bh, q0, lid);
     // D = rowsum(dO * O): each lane sums its columns of its rows, partials meet in tile_ds
     // (row r's COLL partials at words 0.. of its row: COLL <= BC + 4).
@@ -564,18 +621,28 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let keys = min(q0 + BR, p.t);
     for (var k0 = 0u; k0 < keys; k0 += BC) {
         workgroupBarrier(); // the previous block (or D's partials) is done with the tiles
-        put_k(p.k, bh, k0, lid);
-        put_v(p.v, bh, k0, lid);
+        put_k(p.k, kv, k0, lid);
+        put_v(p.v, kv, k0, lid);
         workgroupBarrier();
         if (k0 + BC < keys) {
-            fetch_k(bh, k0 + BC, lid);
-            fetch_v(bh, k0 + BC, lid);
+            fetch_k(kv, k0 + BC, lid);
+            fetch_v(kv, k0 + BC, lid);
         }
         probabilities(q0, k0, tr, tc);
         workgroupBarrier();
         rows_times_keys(tr, tc); // dQ += dS k
     }
 
+    // ROPE: dQ rotated back needs each element's partner at d +- D/2, another lane's: all of
+    // dQ / scale goes through tile_q (no lane reads it after the last block's `probabilities`).
+    if (ROPE) {
+        for (var i = 0u; i < Q_PER_LANE; i++) {
+            for (var g = 0u; g < D4_PER_LANE; g++) {
+                tile_q[(tr + i * ROWL) * DP4 + tc + g * COLL] = acc[i * D4_PER_LANE + g];
+            }
+        }
+        workgroupBarrier();
+    }
     for (var i = 0u; i < Q_PER_LANE; i++) {
         let r = tr + i * ROWL;
         if (q0 + r >= p.t) { continue; }
@@ -584,7 +651,12 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                 let d = 4u * (tc + g * COLL) + e;
                 if (d < p.d) {
                     let o = at(p.dq, bh, q0 + r, d);
-                    let grad = acc[i * D4_PER_LANE + g][e] * p.scale;
+                    var grad = acc[i * D4_PER_LANE + g][e] * p.scale;
+                    if (ROPE) {
+                        let dp = (d + p.d / 2u) % p.d;
+                        let gp = tile_q[r * DP4 + dp / 4u][dp % 4u] * p.scale;
+                        grad = rotate(grad, gp, q0 + r, d, true);
+                    }
                     if (ACC_DQ) {
                         out_a[o] = out_a[o] + grad;
                     } else {
@@ -599,7 +671,13 @@ fn attn_bwd_dq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 @compute @workgroup_size(WG)
 fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
-    let bh = wid.y;
+    // wid.y = b * H / G + its kv head hk: k, v, dK, dV through bhk, the group's query heads
+    // bh0 ..= bh0 + G - 1.
+    let kv_heads = p.heads / p.group;
+    let b = wid.y / kv_heads;
+    let hk = wid.y % kv_heads;
+    let bhk = b * p.heads + hk;
+    let bh0 = b * p.heads + hk * p.group;
     let k0 = wid.x * BC;
     let lane = score_lane(lid);
     let tr = lane.x;
@@ -611,23 +689,30 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     let qs = select(lid / (D4 * DKV_ROWL), 0u, DKV_QS == 1u); // a constant where none share
 
     // The first block of queries (scale * q, dO, lse, D) in flight while the keys are staged.
-    // Queries before k0 see none of these keys.
+    // Queries before k0 see none of these keys. The blocks run head by head over the group:
+    // block j is block j % n of query head bh0 + j / n.
     let first = (k0 / BR) * BR;
-    fetch_q(bh, first, lid);
-    fetch_do(bh, first, lid);
-    fetch_ld(bh, first, lid);
-    stage_keys(bh, k0, lid);
+    let n = (p.t - first + BR - 1u) / BR;
+    let blocks = n * p.group;
+    fetch_q(bh0, first, lid);
+    fetch_do(bh0, first, lid);
+    fetch_ld(bh0, first, lid);
+    stage_keys(bhk, k0, lid);
     for (var i = 0u; i < 4u * KRUNS_PER_LANE; i++) {
         acc[i] = vec4<f32>(0.0); // dK
         acc_dv[i] = vec4<f32>(0.0);
     }
-    for (var q0 = first; q0 < p.t; q0 += BR) {
+    for (var jb = 0u; jb < blocks; jb++) {
+        let bh = bh0 + jb / n;
+        let q0 = first + (jb % n) * BR;
         put_queries(bh, q0, lid); // the tiles are free: the previous block is done with them
         workgroupBarrier();
-        if (q0 + BR < p.t) {
-            fetch_q(bh, q0 + BR, lid);
-            fetch_do(bh, q0 + BR, lid);
-            fetch_ld(bh, q0 + BR, lid);
+        if (jb + 1u < blocks) {
+            let next_bh = bh0 + (jb + 1u) / n;
+            let next_q0 = first + ((jb + 1u) % n) * BR;
+            fetch_q(next_bh, next_q0, lid);
+            fetch_do(next_bh, next_q0, lid);
+            fetch_ld(next_bh, next_q0, lid);
         }
         probabilities(q0, k0, tr, tc);
         workgroupBarrier();
@@ -689,6 +774,19 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         }
     }
 
+    // ROPE: dK rotated back needs each element's partner at d +- D/2, another lane's: the
+    // totals go through tile_k (free once the shares' sums are read out of it).
+    if (ROPE) {
+        workgroupBarrier();
+        if (qs == 0u) {
+            for (var i = 0u; i < KRUNS_PER_LANE; i++) {
+                for (var e = 0u; e < 4u; e++) {
+                    tile_k[(4u * (kr + i * DKV_ROWL) + e) * DP4 + kc] = acc[4u * i + e];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
     for (var i = 0u; i < KRUNS_PER_LANE; i++) {
         for (var e = 0u; e < 4u; e++) {
             let c = 4u * (kr + i * DKV_ROWL) + e;
@@ -696,12 +794,17 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
             for (var f = 0u; f < 4u; f++) {
                 let d = 4u * kc + f;
                 if (d < p.d) {
-                    let ok = at(p.dk, bh, k0 + c, d);
-                    let ov = at(p.dv, bh, k0 + c, d);
+                    let ok = at(p.dk, bhk, k0 + c, d);
+                    let ov = at(p.dv, bhk, k0 + c, d);
+                    var dk = acc[4u * i + e][f];
+                    if (ROPE) {
+                        let dp = (d + p.d / 2u) % p.d;
+                        dk = rotate(dk, tile_k[c * DP4 + dp / 4u][dp % 4u], k0 + c, d, true);
+                    }
                     if (ACC_DK) {
-                        out_a[ok] = out_a[ok] + acc[4u * i + e][f];
+                        out_a[ok] = out_a[ok] + dk;
                     } else {
-                        out_a[ok] = acc[4u * i + e][f];
+                        out_a[ok] = dk;
                     }
                     if (ACC_DV) {
                         out_b[ov] = out_b[ov] + acc_dv[4u * i + e][f];

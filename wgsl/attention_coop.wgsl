@@ -66,7 +66,15 @@
 // scratch like the edge's: f32 outputs only), types OA, OB (above); snippets OWN, SYNC and READ
 // (q, k, v and dO as bound, QV and GV: vec4<f32>, vec4<f16>, or f16 in vec2<u32> words; `qf`
 // and `gf` make them f32 vectors; a block in flight holds k or q as bound and v or dO as NX1,
-// which `q_nx1`, `g_nx1` and `nx1f` convert to and from).
+// which `q_nx1`, `g_nx1` and `nx1f` convert to and from); ROPE (below).
+//
+// Grouped-query attention and rotary position embedding as in attention.wgsl (read its header):
+// k, v, dK, dV are (B, H / G, T, D) views read through `head` with a bh whose h is the kv head
+// (`kv_bh`); the dK/dV workgroups of the first B * H / G of y loop over their group's query
+// heads (the others have no work). Under ROPE (D = DMAX, D/2 a multiple of FS: the launcher
+// checks) q and k are rotated in f32 as they are staged, then rounded to f16; dQ and dK leave
+// through the scratch rows a pair of fragments at a time (d0.. in sc, its partner d0 + D/2.. in
+// sc2), rotated back (`edge_rope`), never straight from the accumulators.
 
 enable wgpu_cooperative_matrix;
 
@@ -76,8 +84,8 @@ struct Params {
     d: u32,
     batch: u32,
     scale: f32,
-    _pad1: u32,
-    _pad2: u32,
+    group: u32,
+    start: u32,
     _pad3: u32,
     q: vec4<u32>,
     k: vec4<u32>,
@@ -98,6 +106,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read> dout: array<GV>; // 4 elements of GT an entry
 @group(0) @binding(7) var<storage, read> lse: array<f32>;
 @group(0) @binding(8) var<storage, read> aux: array<f32>; // D (backward)
+// (positions, D) f32, 4 an entry: a row's D/2 cosines, then its D/2 sines (ROPE)
+@group(0) @binding(9) var<storage, read> rope: array<vec4<f32>>;
 
 const KIND_FWD: u32 = 0u;
 const KIND_BWD: u32 = 3u; // dQ and dK/dV, workgroups of both in one dispatch
@@ -160,6 +170,41 @@ fn head(view: vec4<u32>, bh: u32) -> u32 {
     return view.x + b * view.y + h * view.z;
 }
 
+// The bh of query head bh's key/value head, for `head` on a (B, H / G, T, D) view.
+fn kv_bh(bh: u32) -> u32 {
+    let h = bh % p.heads;
+    return bh - h + h / p.group;
+}
+
+// Columns d..d+3 (d a multiple of 4) of a row at position `pos` rotated: x the row's values
+// there, xp its partner's at (d + D/2) mod D.
+fn rope4(x: vec4<f32>, xp: vec4<f32>, pos: u32, d: u32) -> vec4<f32> {
+    let half = p.d / 2u;
+    let row = ((p.start + pos) * p.d + d % half) / 4u;
+    return x * rope[row] + select(xp, -xp, d < half) * rope[row + half / 4u];
+}
+
+// The vector of the partner columns (d + D/2) mod D of vector i (columns d..), 0 outside the
+// view.
+fn partner4(a: At4) -> u32 {
+    return select(0u, a.i - a.d / 4u + ((a.d + p.d / 2u) % p.d) / 4u, a.ok);
+}
+
+// Vector i (a) of q or k as the scores see it: rotated under ROPE.
+fn q_roped(a: At4, row0: u32) -> vec4<f32> {
+    if (!ROPE) {
+        return qf(q[a.i]);
+    }
+    return rope4(qf(q[a.i]), qf(q[partner4(a)]), select(0u, row0 + a.r, a.ok), select(0u, a.d, a.ok));
+}
+
+fn k_roped(a: At4, row0: u32) -> vec4<f32> {
+    if (!ROPE) {
+        return qf(k[a.i]);
+    }
+    return rope4(qf(k[a.i]), qf(k[partner4(a)]), select(0u, row0 + a.r, a.ok), select(0u, a.d, a.ok));
+}
+
 // ------------------------------------------------------------------------------------------
 // Staging: rows of a (B, H, T, D) view into a tile of h_sh, 4 elements a load, rounded to
 // f16, zero past T and D (x `scale` for q). Branch-free (loads under per-lane branches are not
@@ -197,7 +242,7 @@ fn stage_q(bh: u32, row0: u32, lid: u32) {
     let base = head(p.q, bh);
     for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.q, base, row0, e);
-        put4(0u, a.r, a.d, qf(q[a.i]) * p.scale, a.ok);
+        put4(0u, a.r, a.d, q_roped(a, row0) * p.scale, a.ok);
     }
 }
 
@@ -213,7 +258,7 @@ fn stage_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
     for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.k, base, row0, e);
-        put4(0u, a.r, a.d, qf(k[a.i]), a.ok);
+        put4(0u, a.r, a.d, k_roped(a, row0), a.ok);
     }
 }
 
@@ -233,6 +278,7 @@ const BLOCK_V: u32 = BC * DMAX / 4u;
 const VPL: u32 = (BLOCK_V + WG - 1u) / WG;
 const_assert BC <= WG;
 var<private> nx0: array<QV, VPL>;
+var<private> nxp: array<QV, VPL>; // ROPE: nx0's partner vectors
 var<private> nx1: array<NX1, VPL>;
 var<private> nl: f32;
 var<private> nd: f32;
@@ -240,7 +286,11 @@ var<private> nd: f32;
 fn fetch_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
     for (var j = 0u; j < VPL; j++) {
-        nx0[j] = k[at4(p.k, base, row0, lid + j * WG).i];
+        let a = at4(p.k, base, row0, lid + j * WG);
+        nx0[j] = k[a.i];
+        if (ROPE) {
+            nxp[j] = k[partner4(a)];
+        }
     }
 }
 
@@ -254,7 +304,11 @@ fn fetch_v(bh: u32, row0: u32, lid: u32) {
 fn fetch_q(bh: u32, row0: u32, lid: u32) {
     let base = head(p.q, bh);
     for (var j = 0u; j < VPL; j++) {
-        nx0[j] = q[at4(p.q, base, row0, lid + j * WG).i];
+        let a = at4(p.q, base, row0, lid + j * WG);
+        nx0[j] = q[a.i];
+        if (ROPE) {
+            nxp[j] = q[partner4(a)];
+        }
     }
 }
 
@@ -273,14 +327,19 @@ fn fetch_ld(bh: u32, row0: u32, lid: u32) {
     nd = aux[i];
 }
 
-// The fetched block (rows row0.. of `view`, its head `bh`) into the tile at `off`, times s.
+// The fetched block (rows row0.. of `view`, its head `bh`: k, or q) into the tile at `off`,
+// rotated under ROPE, times s.
 fn put_nx0(view: vec4<u32>, bh: u32, row0: u32, off: u32, s: f32, lid: u32) {
     let base = head(view, bh);
     for (var j = 0u; j < VPL; j++) {
         let e = lid + j * WG;
         if (e < BLOCK_V) {
             let a = at4(view, base, row0, e);
-            put4(off, a.r, a.d, qf(nx0[j]) * s, a.ok);
+            var x = qf(nx0[j]);
+            if (ROPE) {
+                x = rope4(x, qf(nxp[j]), select(0u, row0 + a.r, a.ok), select(0u, a.d, a.ok));
+            }
+            put4(off, a.r, a.d, x * s, a.ok);
         }
     }
 }
@@ -521,6 +580,47 @@ fn edge_out(which: u32, view: vec4<u32>, acc: bool, bh: u32, row0: u32, r0: u32,
     }
 }
 
+// ROPE: the gradient fragments in the subgroup's scratch rows r0.. (sc: columns d0.. with
+// d0 < D/2; sc2: its partner columns d0 + D/2..) rotated back (the transpose of the rotation)
+// into rows row0 + r0.. of out_a (dQ or dK) through `view`, where inside T (D = DMAX: every
+// column is inside), 4 columns a lane.
+fn edge_rope(view: vec4<u32>, bh: u32, row0: u32, r0: u32, d0: u32, lane: u32) {
+    let half = p.d / 2u;
+    for (var e = lane; e < FE / 4u; e += SGS) {
+        let r = e / (FS / 4u);
+        let c = e % (FS / 4u) * 4u;
+        let t = row0 + r0 + r;
+        if (t < p.t) {
+            let i = (r0 + r) * SW + c;
+            let j = (r0 + r) * SW2 + c;
+            let x = vec4<f32>(sc[i], sc[i + 1u], sc[i + 2u], sc[i + 3u]);
+            let y = vec4<f32>(sc2[j], sc2[j + 1u], sc2[j + 2u], sc2[j + 3u]);
+            let row = ((p.start + t) * p.d + d0 + c) / 4u;
+            let cs = rope[row];
+            let sn = rope[row + half / 4u];
+            out4(at(view, bh, t, d0 + c), x * cs + y * sn);
+            out4(at(view, bh, t, d0 + half + c), y * cs - x * sn);
+        }
+    }
+}
+
+// Elements o..o+3 of out_a (o a multiple of 4): f32 words or two words of halves; ACC_A adds.
+fn out4(o: u32, x: vec4<f32>) {
+    if (OUT_F32) {
+        for (var c = 0u; c < 4u; c++) {
+            let w = select(x[c], bitcast<f32>(word(0u, o + c)) + x[c], ACC_A);
+            put_word(0u, o + c, bitcast<u32>(w));
+        }
+        return;
+    }
+    var y = x;
+    if (ACC_A) {
+        y += vec4<f32>(unpack2x16float(word(0u, o / 2u)), unpack2x16float(word(0u, o / 2u + 1u)));
+    }
+    put_word(0u, o / 2u, pack2x16float(y.xy));
+    put_word(0u, o / 2u + 1u, pack2x16float(y.zw));
+}
+
 // Word i of output `which` as u32 bits, and storing them (an f32 element, or two halves).
 fn word(which: u32, i: u32) -> u32 {
     if (which == 0u) {
@@ -546,6 +646,7 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                  @builtin(local_invocation_index) lid: u32,
                  @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {
     let bh = wid.y;
+    let kv = kv_bh(bh);
     let q0 = (nwg.x - 1u - wid.x) * ROWS;
     let r0 = sg * FS;                 // the subgroup's rows of the tiles
     let row = r0 + lane / LPR;        // this lane's scratch row
@@ -555,8 +656,8 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     // The first block of keys and values in flight while the subgroup's queries (scale * q)
     // become fragments.
     if (PREFETCH) {
-        fetch_k(bh, 0u, lid);
-        fetch_v(bh, 0u, lid);
+        fetch_k(kv, 0u, lid);
+        fetch_v(kv, 0u, lid);
     }
     stage_q(bh, q0, lid);
     workgroupBarrier();
@@ -574,7 +675,7 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     var l = 0.0;
     zero_out();
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        kv_block(bh, k0, keys, lid);
+        kv_block(kv, k0, keys, lid);
         for (var c0 = 0u; c0 < BC; c0 += FS) {
             s_only(r0, c0);
         }
@@ -645,11 +746,12 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         // dQ for ROWS queries from q0, over the blocks of BC keys up to them.
         let q0 = (blocks - 1u - i) * ROWS;
         let qi = q0 + row;
+        let kv = kv_bh(bh);
         // The first block of keys and values in flight while the subgroup's queries become
         // fragments: scale * q, then dO.
         if (PREFETCH) {
-            fetch_k(bh, 0u, lid);
-            fetch_v(bh, 0u, lid);
+            fetch_k(kv, 0u, lid);
+            fetch_v(kv, 0u, lid);
         }
         own_rows(bh, q0, r0, lid, false);
         // This lane's query's lse and D.
@@ -659,7 +761,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             lse_i = lse[bh * p.t + qi];
             dvec = aux[bh * p.t + qi];
         }
-        let direct = DIRECT_OUT && q0 + ROWS <= p.t && p.d == DMAX
+        let direct = DIRECT_OUT && !ROPE && q0 + ROWS <= p.t && p.d == DMAX
             && all(p.dq % vec4<u32>(4u) == vec4<u32>());
         zero_out();
         if (direct) {
@@ -667,7 +769,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         let keys = min(q0 + ROWS, p.t);
         for (var k0 = 0u; k0 < keys; k0 += BC) {
-            kv_block(bh, k0, keys, lid);
+            kv_block(kv, k0, keys, lid);
             // S = (scale q) k^T and dP = dO v^T.
             for (var c0 = 0u; c0 < BC; c0 += FS) {
                 s_dp(r0, c0);
@@ -687,33 +789,44 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         if (direct) {
             store_out(bh, q0, r0, p.dq);
+        } else if (ROPE) {
+            edge_store_rope(bh, q0, r0, lane, p.dq);
         } else {
             edge_store(bh, q0, r0, lane, p.dq);
         }
-    } else {
-        // dK and dV for ROWS keys from k0, over the blocks of BC queries at or after them. The
-        // products run transposed: S^T = k (scale q)^T, dP^T = v dO^T, dV += P^T dO,
-        // dK += dS^T (scale q).
+    } else if (wid.y < p.batch * (p.heads / p.group)) {
+        // dK and dV for ROWS keys from k0 of kv head wid.y = b * H / G + hk (through bhk),
+        // over the blocks of BC queries at or after them of each of its group's query heads
+        // bh0.. in turn. The products run transposed: S^T = k (scale q)^T, dP^T = v dO^T,
+        // dV += P^T dO, dK += dS^T (scale q).
+        let kv_heads = p.heads / p.group;
+        let bhk = wid.y / kv_heads * p.heads + wid.y % kv_heads;
+        let bh0 = wid.y / kv_heads * p.heads + wid.y % kv_heads * p.group;
         let k0 = i * ROWS;
         let kj = k0 + row;                // this lane's key
         // The first block of queries (q, dO, lse, D) in flight while the subgroup's keys
-        // become fragments: k, then v. Queries before k0 see none of these keys.
+        // become fragments: k, then v. Queries before k0 see none of these keys; block jb is
+        // block jb % n of query head bh0 + jb / n.
         let first = (k0 / BC) * BC;
+        let n = (p.t - first + BC - 1u) / BC;
+        let q_blocks = n * p.group;
         if (PREFETCH) {
-            fetch_q(bh, first, lid);
-            fetch_do(bh, first, lid);
-            fetch_ld(bh, first, lid);
+            fetch_q(bh0, first, lid);
+            fetch_do(bh0, first, lid);
+            fetch_ld(bh0, first, lid);
         }
-        own_rows(bh, k0, r0, lid, true);
-        let direct = DIRECT_OUT && k0 + ROWS <= p.t && p.d == DMAX
+        own_rows(bhk, k0, r0, lid, true);
+        let direct = DIRECT_OUT && !ROPE && k0 + ROWS <= p.t && p.d == DMAX
             && all(p.dk % vec4<u32>(4u) == vec4<u32>())
             && all(p.dv % vec4<u32>(4u) == vec4<u32>());
         zero_out();
         if (direct) {
-            load_out(bh, k0, r0, p.dk);
-            load_dv(bh, k0, r0);
+            load_out(bhk, k0, r0, p.dk);
+            load_dv(bhk, k0, r0);
         }
-        for (var q0 = first; q0 < p.t; q0 += BC) {
+        for (var jb = 0u; jb < q_blocks; jb++) {
+            let bh = bh0 + jb / n;
+            let q0 = first + (jb % n) * BC;
             if (!PREFETCH) {
                 fetch_q(bh, q0, lid);
                 fetch_do(bh, q0, lid);
@@ -728,10 +841,12 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                 dvec_c[lid] = select(0.0, nd, inside);
             }
             workgroupBarrier();
-            if (PREFETCH && q0 + BC < p.t) {
-                fetch_q(bh, q0 + BC, lid);
-                fetch_do(bh, q0 + BC, lid);
-                fetch_ld(bh, q0 + BC, lid);
+            if (PREFETCH && jb + 1u < q_blocks) {
+                let next_bh = bh0 + (jb + 1u) / n;
+                let next_q0 = first + ((jb + 1u) % n) * BC;
+                fetch_q(next_bh, next_q0, lid);
+                fetch_do(next_bh, next_q0, lid);
+                fetch_ld(next_bh, next_q0, lid);
             }
             for (var c0 = 0u; c0 < BC; c0 += FS) {
                 s_dp(r0, c0);
@@ -751,11 +866,15 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             add_dv(r0);
         }
         if (direct) {
-            store_out(bh, k0, r0, p.dk);
-            store_dv(bh, k0, r0);
+            store_out(bhk, k0, r0, p.dk);
+            store_dv(bhk, k0, r0);
         } else {
-            edge_store(bh, k0, r0, lane, p.dk);
-            edge_dv(bh, k0, r0, lane);
+            if (ROPE) {
+                edge_store_rope(bhk, k0, r0, lane, p.dk);
+            } else {
+                edge_store(bhk, k0, r0, lane, p.dk);
+            }
+            edge_dv(bhk, k0, r0, lane);
         }
     }
 }

@@ -28,8 +28,11 @@ pub struct AttentionParams {
     /// B (read by `attention_d.wgsl`; the other kernels count rows by the grid).
     pub batch: u32,
     pub scale: f32,
-    pub _pad1: u32,
-    pub _pad2: u32,
+    /// Query heads per key/value head (grouped-query attention; 1 for multi-head). k, v and
+    /// their gradients are (B, H / group, T, D) views.
+    pub group: u32,
+    /// The rotary table's row of position t = 0 (`rope` specializations).
+    pub start: u32,
     pub _pad3: u32,
     pub q: [u32; 4],
     pub k: [u32; 4],
@@ -43,7 +46,9 @@ pub struct AttentionParams {
 
 const PARAMS: u64 = std::mem::size_of::<AttentionParams>() as u64;
 
-/// O (B, H, T, D), lse (B, H, T) <- q, k, v.
+/// O (B, H, T, D), lse (B, H, T) <- q, k, v (and the rotary table). The slots of the
+/// backward's dO, lse and aux are laid out unread (bound to q), so the table has one binding
+/// (9) in every entry point.
 pub static ATTN_FWD: KernelDesc = KernelDesc {
     name: "attn_fwd",
     family: &FAMILY,
@@ -53,6 +58,10 @@ pub static ATTN_FWD: KernelDesc = KernelDesc {
         Access::Read,      // q
         Access::Read,      // k
         Access::Read,      // v
+        Access::Read,      // - (dO)
+        Access::Read,      // - (lse)
+        Access::Read,      // - (aux)
+        Access::Read,      // rotary table (positions, D)
     ],
     params_size: PARAMS,
 };
@@ -70,6 +79,7 @@ pub static ATTN_BWD_DQ: KernelDesc = KernelDesc {
         Access::Read,      // dO
         Access::Read,      // lse
         Access::Read,      // O
+        Access::Read,      // rotary table (positions, D)
     ],
     params_size: PARAMS,
 };
@@ -87,6 +97,7 @@ pub static ATTN_BWD_DKV: KernelDesc = KernelDesc {
         Access::Read,      // dO
         Access::Read,      // lse
         Access::Read,      // D
+        Access::Read,      // rotary table (positions, D)
     ],
     params_size: PARAMS,
 };
@@ -379,7 +390,7 @@ impl Tile {
 }
 
 /// `acc_a`: add into the first output (dQ, or dK) instead of overwriting it; `acc_b` the
-/// same for dV. Forward takes neither.
+/// same for dV. Forward takes neither. No rotary embedding (`with_rope` adds it).
 pub fn spec(pass: Pass, t: Tile, acc_a: bool, acc_b: bool) -> Spec {
     Spec::new()
         .u32("KIND", pass as u32)
@@ -391,21 +402,35 @@ pub fn spec(pass: Pass, t: Tile, acc_a: bool, acc_b: bool) -> Spec {
         .bool("ACC_DQ", pass == Pass::Dq && acc_a)
         .bool("ACC_DK", pass == Pass::Dkv && acc_a)
         .bool("ACC_DV", pass == Pass::Dkv && acc_b)
+        .bool("ROPE", false)
+}
+
+/// `spec` (of this file's kernels or attention_coop's) with q and k rotated as they load and
+/// dQ, dK rotated back as they are written (rotary position embedding, from the table bound
+/// last).
+pub fn with_rope(spec: Spec, rope: bool) -> Spec {
+    spec.with_bool("ROPE", rope)
 }
 
 pub fn variants() -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
-    for dmax in HEAD_DIMS {
-        let t = tile(Pass::Forward, dmax);
-        v.push((&ATTN_FWD, spec(Pass::Forward, t, false, false)));
-        let t = tile(Pass::Dq, dmax);
-        for acc in [false, true] {
-            v.push((&ATTN_BWD_DQ, spec(Pass::Dq, t, acc, false)));
-        }
-        let t = tile(Pass::Dkv, dmax);
-        for acc_k in [false, true] {
-            for acc_v in [false, true] {
-                v.push((&ATTN_BWD_DKV, spec(Pass::Dkv, t, acc_k, acc_v)));
+    for rope in [false, true] {
+        for dmax in HEAD_DIMS {
+            let t = tile(Pass::Forward, dmax);
+            v.push((
+                &ATTN_FWD,
+                with_rope(spec(Pass::Forward, t, false, false), rope),
+            ));
+            let t = tile(Pass::Dq, dmax);
+            for acc in [false, true] {
+                v.push((&ATTN_BWD_DQ, with_rope(spec(Pass::Dq, t, acc, false), rope)));
+            }
+            let t = tile(Pass::Dkv, dmax);
+            for acc_k in [false, true] {
+                for acc_v in [false, true] {
+                    let s = spec(Pass::Dkv, t, acc_k, acc_v);
+                    v.push((&ATTN_BWD_DKV, with_rope(s, rope)));
+                }
             }
         }
     }

@@ -18,8 +18,9 @@ pub static FAMILY: Family = Family {
 
 const PARAMS: u64 = std::mem::size_of::<AttentionParams>() as u64;
 
-/// O (B, H, T, D), lse (B, H, T) <- q, k, v, in one pass over the keys (the row max kept stale,
-/// O rescaled where it moves).
+/// O (B, H, T, D), lse (B, H, T) <- q, k, v (and the rotary table), in one pass over the keys
+/// (the row max kept stale, O rescaled where it moves). The backward's dO, lse and D slots are
+/// laid out unread, so the table has one binding (9) in both entry points.
 pub static ATTN_COOP_FWD: KernelDesc = KernelDesc {
     name: "attn_coop_fwd",
     family: &FAMILY,
@@ -29,6 +30,10 @@ pub static ATTN_COOP_FWD: KernelDesc = KernelDesc {
         Access::Read,      // q
         Access::Read,      // k
         Access::Read,      // v
+        Access::Read,      // - (dO)
+        Access::Read,      // - (lse)
+        Access::Read,      // - (D)
+        Access::Read,      // rotary table (positions, D)
     ],
     params_size: PARAMS,
 };
@@ -47,6 +52,7 @@ pub static ATTN_COOP_BWD: KernelDesc = KernelDesc {
         Access::Read,      // dO
         Access::Read,      // lse
         Access::Read,      // D
+        Access::Read,      // rotary table (positions, D)
     ],
     params_size: PARAMS,
 };
@@ -239,6 +245,14 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool, io: Io) -
         .source("READ", read_source(io.input, grad))
         .source("OWN", own_source(t.dmax / coop.fs, coop.fs, out32))
         .source("SYNC", SYNC_SUBGROUP)
+        .bool("ROPE", false)
+}
+
+/// Whether the kernels take a rotary embedding at head dim `d` on `coop`: D fills its padded
+/// head dim (no column past D among the fragments) and D/2 is a whole number of fragments (dQ
+/// and dK are rotated back a pair of fragments at a time, `edge_rope`).
+pub fn takes_rope(d: usize, dmax: u32, coop: Coop) -> bool {
+    d == dmax as usize && (d / 2).is_multiple_of(coop.fs as usize)
 }
 
 /// The READ snippet: the binding types of q, k, v (QV) and dO (GV), 4 elements an entry
@@ -440,6 +454,24 @@ fn write_own_source(nf: u32, fs: u32, out32: bool) -> String {
         },
         "}",
     );
+    // ROPE: dQ or dK a pair of fragments at a time (d0 and d0 + D/2, D = DMAX) through the
+    // subgroup's scratch rows, rotated back (`edge_rope`). No line for an odd count (the
+    // launcher runs no rotary embedding there, `takes_rope`).
+    let _ = writeln!(
+        w,
+        "\nfn edge_store_rope(bh: u32, row0: u32, r0: u32, lane: u32, va: vec4<u32>) {{"
+    );
+    if nf.is_multiple_of(2) {
+        for i in 0..nf / 2 {
+            let _ = writeln!(
+                w,
+                "    store_sc(acc{i}, r0, 0u);\n    store_sc2(acc{}, r0, 0u);\n    own_sync();\n    edge_rope(va, bh, row0, r0, {}u, lane);\n    own_sync();",
+                i + nf / 2,
+                i * fs
+            );
+        }
+    }
+    let _ = writeln!(w, "}}");
     func(
         w,
         "fn edge_dv(bh: u32, row0: u32, r0: u32, lane: u32) {",
@@ -454,7 +486,8 @@ fn write_own_source(nf: u32, fs: u32, out32: bool) -> String {
 }
 
 /// Every variant on `coop` with `max_workgroup_bytes`: each pass, padded head dim, accumulate
-/// flag and binding types the engine makes (`Io::made`).
+/// flag and binding types the engine makes (`Io::made`), without and (where `takes_rope` at
+/// D = DMAX) with a rotary embedding.
 pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDesc, Spec)> {
     let mut v = Vec::new();
     for dmax in HEAD_DIMS {
@@ -468,9 +501,16 @@ pub fn variants(coop: Coop, max_workgroup_bytes: u32) -> Vec<(&'static KernelDes
                 Pass::Dq => continue,
                 Pass::Dkv => &[(false, false), (true, true)],
             };
-            for io in Io::made(pass) {
-                for &(a, b) in accs {
-                    v.push((kernel(pass), spec(pass, t, coop, a, b, io)));
+            let ropes: &[bool] = match takes_rope(dmax as usize, dmax, coop) {
+                true => &[false, true],
+                false => &[false],
+            };
+            for &rope in ropes {
+                for io in Io::made(pass) {
+                    for &(a, b) in accs {
+                        let s = spec(pass, t, coop, a, b, io);
+                        v.push((kernel(pass), super::attention::with_rope(s, rope)));
+                    }
                 }
             }
         }

@@ -183,6 +183,15 @@ impl Spec {
         self
     }
 
+    /// The constant `name` set to `v`: its entry's value replaced, or an entry added.
+    pub fn with_bool(mut self, name: &'static str, v: bool) -> Spec {
+        match self.0.iter_mut().find(|(n, _)| *n == name) {
+            Some(entry) => entry.1 = SpecValue::Bool(v),
+            None => self.0.push((name, SpecValue::Bool(v))),
+        }
+        self
+    }
+
     pub fn ty(mut self, name: &'static str, v: &'static str) -> Spec {
         self.0.push((name, SpecValue::Type(v)));
         self

@@ -21,6 +21,7 @@ mod view;
 pub use crate::kernels::elementwise::{BinaryOp, UnaryOp};
 pub use crate::kernels::reduce::ReduceOp;
 pub(crate) use attention::stores_half as attention_stores_half;
+pub use attention::Rope;
 pub use autocast::{autocast, autocast_enabled};
 pub use layernorm::backward_reference as layer_norm_backward_reference;
 pub(crate) use linear::cast_input as linear_casts_input;

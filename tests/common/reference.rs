@@ -422,3 +422,115 @@ impl CpuAdamW {
         }
     }
 }
+
+// ------------------------------------------------------------------------------------------
+// Grouped-query attention with a rotary embedding.
+
+/// A rotary table as the reference reads it: (positions, D) with a row's D/2 cosines, then its
+/// D/2 sines (`wgrad::ops::Rope::table`'s layout).
+pub struct RopeTable<'a> {
+    pub rows: &'a [f64],
+    pub d: usize,
+}
+
+impl RopeTable<'_> {
+    /// (cos, sin) of element d of position pos.
+    fn at(&self, pos: usize, d: usize) -> (f64, f64) {
+        let half = self.d / 2;
+        let row = &self.rows[pos * self.d..][..self.d];
+        (row[d % half], row[half + d % half])
+    }
+
+    /// x (one head row of D) rotated at `pos`: x cos + rotate_half(x) sin; `back` the
+    /// transpose.
+    fn rotate(&self, x: &[f64], pos: usize, back: bool) -> Vec<f64> {
+        let half = self.d / 2;
+        (0..self.d)
+            .map(|d| {
+                let (c, s) = self.at(pos, d);
+                let partner = x[(d + half) % self.d];
+                let sign = if (d < half) != back { -1.0 } else { 1.0 };
+                x[d] * c + sign * partner * s
+            })
+            .collect()
+    }
+}
+
+/// Causal self-attention of a packed (B, T, (H + 2 Hkv) D) projection in f64: query head h
+/// uses key/value head h / (H / Hkv), q and k rotated at positions start.. where `rope` is
+/// given. Returns O (B, T, H D) and, for the output gradient `dout` (B, T, H D), the packed
+/// input's gradient (dK and dV summed over each kv head's group; dQ, dK rotated back).
+pub fn grouped_attention(
+    qkv: &Arr,
+    heads: usize,
+    kv_heads: usize,
+    rope: Option<(&RopeTable, usize)>,
+    dout: &Arr,
+) -> (Arr, Arr) {
+    let [b, t, w] = [qkv.shape[0], qkv.shape[1], qkv.shape[2]];
+    let d = w / (heads + 2 * kv_heads);
+    let group = heads / kv_heads;
+    let scale = 1.0 / (d as f64).sqrt();
+    // Row (b, t) of head `col` (in heads of D along the packed dim), rotated where `rot`.
+    let row = |bi: usize, ti: usize, col: usize| -> &[f64] {
+        &qkv.data[(bi * t + ti) * w + col * d..][..d]
+    };
+    let roped = |x: &[f64], ti: usize| -> Vec<f64> {
+        match rope {
+            Some((r, start)) => r.rotate(x, start + ti, false),
+            None => x.to_vec(),
+        }
+    };
+    let mut out = vec![0.0; b * t * heads * d];
+    let mut grad = vec![0.0; b * t * w];
+    let dot = |x: &[f64], y: &[f64]| x.iter().zip(y).map(|(a, b)| a * b).sum::<f64>();
+    for bi in 0..b {
+        for h in 0..heads {
+            let (kc, vc) = (heads + h / group, heads + kv_heads + h / group);
+            let q: Vec<Vec<f64>> = (0..t).map(|i| roped(row(bi, i, h), i)).collect();
+            let k: Vec<Vec<f64>> = (0..t).map(|j| roped(row(bi, j, kc), j)).collect();
+            let v: Vec<&[f64]> = (0..t).map(|j| row(bi, j, vc)).collect();
+            let mut dq_rot = vec![vec![0.0; d]; t];
+            let mut dk_rot = vec![vec![0.0; d]; t];
+            for i in 0..t {
+                let s: Vec<f64> = (0..=i).map(|j| scale * dot(&q[i], &k[j])).collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let l: f64 = e.iter().sum();
+                let p: Vec<f64> = e.iter().map(|x| x / l).collect();
+                let o = &mut out[(bi * t + i) * heads * d + h * d..][..d];
+                for (j, pj) in p.iter().enumerate() {
+                    for (oe, x) in o.iter_mut().zip(v[j]) {
+                        *oe += pj * x;
+                    }
+                }
+                let g = &dout.data[(bi * t + i) * heads * d + h * d..][..d];
+                let dp: Vec<f64> = (0..=i).map(|j| dot(g, v[j])).collect();
+                let dsum: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..=i {
+                    let ds = p[j] * (dp[j] - dsum) * scale;
+                    for e in 0..d {
+                        dq_rot[i][e] += ds * k[j][e];
+                        dk_rot[j][e] += ds * q[i][e];
+                        grad[(bi * t + j) * w + vc * d + e] += p[j] * g[e];
+                    }
+                }
+            }
+            for ti in 0..t {
+                let back = |x: &[f64]| match rope {
+                    Some((r, start)) => r.rotate(x, start + ti, true),
+                    None => x.to_vec(),
+                };
+                let (dq, dk) = (back(&dq_rot[ti]), back(&dk_rot[ti]));
+                for e in 0..d {
+                    grad[(bi * t + ti) * w + h * d + e] += dq[e];
+                    grad[(bi * t + ti) * w + kc * d + e] += dk[e];
+                }
+            }
+        }
+    }
+    (
+        Arr::new(&[b, t, heads * d], out),
+        Arr::new(&qkv.shape, grad),
+    )
+}

@@ -16,6 +16,7 @@
 mod common;
 
 mod attention;
+mod attention_grouped;
 mod create;
 mod cross_entropy;
 mod elementwise;

@@ -7,17 +7,19 @@ use super::*;
 /// Saved by the forward: its (unit-D-stride) inputs, its output and the row statistics.
 pub(super) struct CausalAttentionBackward {
     pub(super) q: Tensor,   // (B, H, T, D)
-    pub(super) k: Tensor,   // (B, H, T, D)
-    pub(super) v: Tensor,   // (B, H, T, D)
+    pub(super) k: Tensor,   // (B, Hkv, T, D), Hkv = H except under `causal_self_attention_at`
+    pub(super) v: Tensor,   // (B, Hkv, T, D)
     pub(super) o: Tensor,   // (B, H, T, D)
     pub(super) lse: Tensor, // (B, H, T), contiguous
     /// The forward ran on cooperative matrices (an autocast forward): so does the backward.
     pub(super) coop: Option<Coop>,
     /// The output was (B, T, H * D) (`causal_attention_merged`): so is its gradient.
     pub(super) merged: bool,
-    /// q, k and v were the heads of one (B, T, 3 * H * D) input (`causal_self_attention`):
-    /// dQ, dK and dV are written into the three thirds of its gradient.
+    /// q, k and v were the heads of one packed (B, T, (H + 2 Hkv) D) input
+    /// (`causal_self_attention_at`): dQ, dK and dV are written into its gradient's parts.
     pub(super) fused_qkv: bool,
+    /// The forward rotated q and k: the backward rotates them alike, and dQ, dK back.
+    pub(super) rope: Option<RopeAt>,
 }
 
 impl Backward for CausalAttentionBackward {
@@ -156,10 +158,10 @@ impl CausalAttentionBackward {
         Ok(())
     }
 
-    /// dQ, dK, dV into the thirds of the fused (B, T, 3C) input's gradient: a new gradient
-    /// is written whole by the kernels (no zeroed buffer to add into, as three separate
-    /// views of it would need); one that cannot be viewed so, or shares storage with what the
-    /// kernels read, is staged.
+    /// dQ, dK, dV into the parts of the packed (B, T, (H + 2 Hkv) D) input's gradient: a new
+    /// gradient is written whole by the kernels (no zeroed buffer to add into, as three
+    /// separate views of it would need); one that cannot be viewed so, or shares storage with
+    /// what the kernels read, is staged.
     fn backward_qkv(&self, g: &Tensor, dvec: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
         let [b, h, t, d] = [
             self.q.shape()[0],
@@ -167,7 +169,8 @@ impl CausalAttentionBackward {
             self.q.shape()[2],
             self.q.shape()[3],
         ];
-        let full = [b, t, 3 * h * d];
+        let hkv = self.k.shape()[1];
+        let full = [b, t, (h + 2 * hkv) * d];
         let device = self.q.device().clone();
         let reads = [&self.q, &self.k, &self.v, &self.o, &self.lse, g, dvec];
         // f16 where the cooperative-matrix kernels read f16 inputs made for them alone by an
@@ -195,7 +198,7 @@ impl CausalAttentionBackward {
             } else {
                 DType::F32
             };
-            let direct = match heads_of(&target, h)? {
+            let direct = match heads_of(&target, h, hkv) {
                 [dq, dk, dv]
                     if writes == want
                         && [&dq, &dk, &dv].iter().all(|x| unit_d_stride(x))
@@ -211,7 +214,7 @@ impl CausalAttentionBackward {
                 Some(views) => (views, acc, None),
                 None => {
                     let fresh = Tensor::uninit(&device, &full, writes, OP)?;
-                    (heads_of(&fresh, h)?, false, Some(fresh))
+                    (heads_of(&fresh, h, hkv), false, Some(fresh))
                 }
             };
             let [dq, dk, dv] = heads;
@@ -241,6 +244,8 @@ impl CausalAttentionBackward {
             t: s[2] as u32,
             d: s[3] as u32,
             scale: scale(s[3]),
+            group: (s[1] / self.k.shape()[1]) as u32,
+            start: self.rope.as_ref().map_or(0, |r| r.start as u32),
             q: view(&self.q),
             k: view(&self.k),
             v: view(&self.v),
@@ -250,13 +255,14 @@ impl CausalAttentionBackward {
         }
     }
 
-    /// A backward kernel's bindings: its two outputs, q, k, v, dO, lse, and `aux` (O or D).
+    /// A backward kernel's bindings: its two outputs, q, k, v, dO, lse, `aux` (O or D), and
+    /// the rotary table (q where there is none).
     fn bindings<'a>(
         &'a self,
         [out_a, out_b]: [&'a Tensor; 2],
         g: &'a Tensor,
         aux: &'a Tensor,
-    ) -> [&'a Storage; 8] {
+    ) -> [&'a Storage; 9] {
         [
             out_a.storage(),
             out_b.storage(),
@@ -266,6 +272,9 @@ impl CausalAttentionBackward {
             g.storage(),
             self.lse.storage(),
             aux.storage(),
+            self.rope
+                .as_ref()
+                .map_or(self.q.storage(), |r| r.table.storage()),
         ]
     }
 
@@ -286,6 +295,7 @@ impl CausalAttentionBackward {
             false,
             None,
             Io::F32,
+            self.rope.is_some(),
         )
     }
 
@@ -343,7 +353,10 @@ impl CausalAttentionBackward {
         };
         device.record(
             &attention_coop::ATTN_COOP_BWD,
-            &coop_spec(device, Pass::Dkv, (t, coop), (acc, acc), io),
+            &attention::with_rope(
+                coop_spec(device, Pass::Dkv, (t, coop), (acc, acc), io),
+                self.rope.is_some(),
+            ),
             &params,
             &storage,
             [groups[0] as u32, groups[1] as u32, 1],
@@ -375,6 +388,7 @@ impl CausalAttentionBackward {
             acc_v,
             None, // the f32 kernels (the cooperative-matrix backward is `launch_both`)
             Io::F32,
+            self.rope.is_some(),
         )
     }
 }

@@ -13,6 +13,11 @@
 //! f16 into the gradient of a fused qkv input that a linear made and nothing else reads (the
 //! linear's products round it to f16 as they load it). Elsewhere f16 inputs are cast to f32.
 //! GPT-2 under mixed precision stores its qkv projection f16 for them (`stores_half`).
+//!
+//! Grouped-query attention and rotary embeddings (the Llama family) run in the same kernels:
+//! `causal_self_attention_grouped` reads a packed (B, T, (H + 2 Hkv) D) projection, query head
+//! h using key/value head h / (H / Hkv) (never repeated in memory), and with a `Rope` rotates
+//! q and k as the kernels load them and dQ, dK back as they write them (rope.rs).
 
 use crate::autograd::{record, Backward, BackwardCtx};
 use crate::config::{AttentionSync, Float};
@@ -27,8 +32,19 @@ use crate::ops::elementwise::launch_copy;
 use crate::ops::Out;
 
 mod backward;
+mod grouped;
+mod rope;
 
 use backward::CausalAttentionBackward;
+use grouped::heads_of;
+pub use rope::Rope;
+
+/// A forward's rotary embedding: the table and the position of row t = 0.
+#[derive(Clone)]
+struct RopeAt {
+    table: Tensor, // (positions, D)
+    start: usize,
+}
 
 const OP: &str = "causal_attention";
 
@@ -86,21 +102,6 @@ fn unit_d(t: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// q, k and v of a fused (B, T, 3 * H * D) tensor (any strides) as (B, H, T, D) views of its
-/// storage: its last dim split into (3, H, D).
-fn heads_of(qkv: &Tensor, heads: usize) -> Result<[Tensor; 3]> {
-    let l = qkv.layout();
-    let (b, t, c3) = (l.shape[0], l.shape[1], l.shape[2]);
-    let (c, d, sc) = (c3 / 3, c3 / (3 * heads), l.strides[2]);
-    let split = qkv.with_layout(Layout {
-        shape: vec![b, t, 3, heads, d],
-        strides: vec![l.strides[0], l.strides[1], sc * c, sc * d, sc],
-        offset: l.offset,
-    });
-    let head = |k: usize| split.narrow(2, k, 1)?.squeeze(2)?.permute(&[0, 2, 1, 3]);
-    Ok([head(0)?, head(1)?, head(2)?])
-}
-
 /// (offset, b stride, h stride, t stride) of a (B, H, T, D) tensor.
 fn view(t: &Tensor) -> [u32; 4] {
     let s = t.strides();
@@ -156,14 +157,15 @@ fn disjoint(a: &Tensor, b: &Tensor) -> bool {
     diff >= run && period - diff >= run
 }
 
-/// The (B, H, T, D) shape shared by q, k and v, whose element type is q's: f32, or (where
-/// `half` allows) f16.
+/// The (B, H, T, D) shape of q, whose element type is q's: f32, or (where `half` allows)
+/// f16. k and v have q's shape, or (`grouped`) (B, Hkv, T, D) with Hkv dividing H.
 fn check_shapes(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     op: &'static str,
     half: bool,
+    grouped: bool,
 ) -> Result<[usize; 4]> {
     if !(half && q.dtype() == DType::F16) {
         q.expect_dtype(op, DType::F32)?;
@@ -179,8 +181,13 @@ fn check_shapes(
             });
         }
     }
+    let (qs, ks) = (q.shape(), k.shape());
+    let kv_fits = grouped
+        && ks[1] > 0
+        && qs[1].is_multiple_of(ks[1])
+        && [0, 2, 3].iter().all(|&i| ks[i] == qs[i]);
     for (name, t) in [("k", k), ("v", v)] {
-        if t.shape() != q.shape() {
+        if t.shape() != q.shape() && !(kv_fits && t.shape() == ks) {
             return Err(Error::ShapeMismatch {
                 op,
                 expected: format!("{name} of q's shape {:?}", q.shape()),
@@ -201,13 +208,17 @@ fn aligned4(t: &Tensor) -> bool {
 }
 
 /// The cooperative matrices an attention of q, k, v runs on: under autocast, where the
-/// adapter has them, a tile fits, and the inputs are `aligned4`.
-fn coop_for(q: &Tensor, k: &Tensor, v: &Tensor) -> Option<Coop> {
+/// adapter has them, a tile fits, the inputs are `aligned4`, and (`rope`) they take the rotary
+/// embedding at this head dim (`attention_coop::takes_rope`).
+fn coop_for(q: &Tensor, k: &Tensor, v: &Tensor, rope: bool) -> Option<Coop> {
     if !autocast_enabled() || ![q, k, v].into_iter().all(aligned4) {
         return None;
     }
     let coop = Coop::available(q.device().gpu())?;
     let dmax = attention::head_dim_bucket(q.shape()[3])?;
+    if rope && !attention_coop::takes_rope(q.shape()[3], dmax, coop) {
+        return None;
+    }
     [Pass::Forward, Pass::Dq, Pass::Dkv]
         .into_iter()
         .all(|pass| coop_tile(q.device(), pass, dmax, coop).is_some())
@@ -224,10 +235,11 @@ fn head_dim_bucket(q: &Tensor) -> Result<u32> {
     })
 }
 
-/// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H); on
-/// the cooperative-matrix kernels when `coop` (the forward only: their backward runs both
-/// passes in one dispatch, `launch_both`), their bindings of `io`'s types (the f32 kernels
-/// bind f32 alone).
+/// Records `pass` over every block of q's (B, H, T, D): workgroups (blocks of T, B * H; for
+/// dK/dV B * H / group, the kv heads); on the cooperative-matrix kernels when `coop` (the
+/// forward only: their backward runs both passes in one dispatch, `launch_both`), their
+/// bindings of `io`'s types (the f32 kernels bind f32 alone); with the rotary table bound last
+/// when `rope`.
 #[allow(clippy::too_many_arguments)]
 fn dispatch(
     pass: Pass,
@@ -238,6 +250,7 @@ fn dispatch(
     acc_b: bool,
     coop: Option<Coop>,
     io: Io,
+    rope: bool,
 ) -> Result<()> {
     debug_assert!(
         coop.is_none() || pass == Pass::Forward,
@@ -266,7 +279,12 @@ fn dispatch(
             (pass.kernel(), attention::spec(pass, t, acc_a, acc_b), block)
         }
     };
-    let groups = [s[2].div_ceil(block as usize), s[0] * s[1]];
+    let spec = attention::with_rope(spec, rope);
+    let heads = match pass {
+        Pass::Dkv => s[1] / params.group as usize,
+        _ => s[1],
+    };
+    let groups = [s[2].div_ceil(block as usize), s[0] * heads];
     let limit = q.device().gpu().limits.max_compute_workgroups_per_dimension as usize;
     if let Some(&count) = groups.iter().find(|&&n| n > limit) {
         return Err(Error::TooManyWorkgroups {
@@ -308,25 +326,13 @@ impl Tensor {
     /// side along its last dim, each C = `heads` x D with D <= 128 (GPT-2's c_attn output);
     /// returns (B, T, C) as `causal_attention_merged` does. The heads are read in place, and
     /// the backward writes dQ, dK and dV into the thirds of one (B, T, 3C) gradient.
+    /// `causal_self_attention_grouped(heads, heads, None)`.
     pub fn causal_self_attention(&self, heads: usize) -> Result<Tensor> {
-        let s = self.shape();
-        if self.rank() != 3 || heads == 0 || !s[2].is_multiple_of(3 * heads) {
-            return Err(Error::ShapeMismatch {
-                op: OP,
-                expected: format!("a fused qkv input (B, T, 3 x {heads} heads x D)"),
-                got: s.to_vec(),
-            });
-        }
-        let [q, k, v] = heads_of(&self.detach(), heads)?;
-        let (out, state) = attention_forward(&q, &k, &v, true)?;
-        Ok(record(out, &[self], || CausalAttentionBackward {
-            fused_qkv: true,
-            ..state
-        }))
+        self.causal_self_attention_at(heads, heads, None, 0)
     }
 
     fn causal_attention_as(&self, k: &Tensor, v: &Tensor, merged: bool) -> Result<Tensor> {
-        let (out, state) = attention_forward(self, k, v, merged)?;
+        let (out, state) = attention_forward(self, k, v, merged, None)?;
         Ok(record(out, &[self, k, v], || state))
     }
 
@@ -335,7 +341,7 @@ impl Tensor {
     /// those ops' backward rules. The definition the fused kernels are tested against.
     pub fn causal_attention_reference(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         const REF: &str = "causal_attention_reference";
-        let [_, _, t, d] = check_shapes(self, k, v, REF, false)?;
+        let [_, _, t, d] = check_shapes(self, k, v, REF, false, false)?;
         let s = self.matmul(&k.t()?)?.mul_scalar(scale(d))?;
         let keep: Vec<f32> = (0..t * t)
             .map(|e| if e % t <= e / t { 1.0 } else { 0.0 })
@@ -346,14 +352,17 @@ impl Tensor {
     }
 }
 
-/// The forward of `causal_attention` (merged: O as (B, T, H * D)) and what its backward saves.
+/// The forward of `causal_attention` (merged: O as (B, T, H * D)) and what its backward saves;
+/// k and v may have fewer heads than q (grouped-query attention), and `rope` rotates q and k.
 fn attention_forward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     merged: bool,
+    rope: Option<RopeAt>,
 ) -> Result<(Tensor, CausalAttentionBackward)> {
-    let [b, h, t, d] = check_shapes(q, k, v, OP, true)?;
+    let [b, h, t, d] = check_shapes(q, k, v, OP, true, true)?;
+    let group = h / k.shape()[1];
     if d == 0 || d > MAX_HEAD_DIM {
         return Err(Error::ShapeMismatch {
             op: OP,
@@ -362,7 +371,7 @@ fn attention_forward(
         });
     }
     let (mut q, mut kd, mut vd) = (unit_d(q)?, unit_d(k)?, unit_d(v)?);
-    let coop = coop_for(&q, &kd, &vd);
+    let coop = coop_for(&q, &kd, &vd, rope.is_some());
     if coop.is_none() && q.dtype() != DType::F32 {
         // The f32 kernels read f32.
         (q, kd, vd) = (
@@ -402,20 +411,39 @@ fn attention_forward(
             t: t as u32,
             d: d as u32,
             scale: scale(d),
+            group: group as u32,
+            start: rope.as_ref().map_or(0, |r| r.start as u32),
             q: view(&q),
             k: view(&kd),
             v: view(&vd),
             o: view(&o),
             ..Default::default()
         };
+        // The backward's slots unread (q bound there); the rotary table last (q without one).
+        let table = rope.as_ref().map_or(q.storage(), |r| r.table.storage());
         let storage = [
             o.storage(),
             lse.storage(),
             q.storage(),
             kd.storage(),
             vd.storage(),
+            q.storage(),
+            q.storage(),
+            q.storage(),
+            table,
         ];
-        dispatch(Pass::Forward, &q, &params, &storage, false, false, coop, io)?;
+        let has_rope = rope.is_some();
+        dispatch(
+            Pass::Forward,
+            &q,
+            &params,
+            &storage,
+            false,
+            false,
+            coop,
+            io,
+            has_rope,
+        )?;
     }
     let out = if merged {
         base.reshape(&[b, t, h * d])?
@@ -433,6 +461,7 @@ fn attention_forward(
             coop,
             merged,
             fused_qkv: false,
+            rope,
         },
     ))
 }
