@@ -16,27 +16,45 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::model::{HfConfig, Tokenizer};
 
-/// A built-in model: its Hugging Face config.json, trained with GPT-2's tokenizer.
+/// A built-in model: its Hugging Face config.json, and whether GPT-2's tokenizer (compiled in)
+/// is its tokenizer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Preset {
     pub name: &'static str,
-    /// The config.json text (no tokenizer pointer: the preset's tokenizer is `gpt2_tokenizer`).
+    /// The config.json text (no tokenizer pointer).
     pub config_json: &'static str,
+    /// Its vocabulary is GPT-2's, and `gpt2_tokenizer` its tokenizer. Without one (SmolLM2's
+    /// 49,152 tokens) the preset serves the commands that run random tokens (`bench step`,
+    /// `profile`), and `train` asks for a model directory.
+    pub gpt2_tokenizer: bool,
 }
 
 /// The presets, in the order `--preset` lists them.
-pub const PRESETS: [Preset; 3] = [
+pub const PRESETS: [Preset; 5] = [
     Preset {
         name: "tiny",
         config_json: include_str!("../models/tiny/config.json"),
+        gpt2_tokenizer: true,
     },
     Preset {
         name: "distilgpt2",
         config_json: include_str!("../models/distilgpt2/config.json"),
+        gpt2_tokenizer: true,
     },
     Preset {
         name: "gpt2",
         config_json: include_str!("../models/gpt2/config.json"),
+        gpt2_tokenizer: true,
+    },
+    Preset {
+        name: "tiny-llama",
+        config_json: include_str!("../models/tiny-llama/config.json"),
+        gpt2_tokenizer: true,
+    },
+    Preset {
+        name: "smollm2-135m",
+        config_json: include_str!("../models/smollm2-135m/config.json"),
+        gpt2_tokenizer: false,
     },
 ];
 
@@ -76,9 +94,21 @@ impl Preset {
         )
     }
 
-    /// Its tokenizer: GPT-2's.
+    /// Its tokenizer: GPT-2's, or an error saying how to train a preset without one.
     pub fn tokenizer(&self) -> Result<Tokenizer> {
-        gpt2_tokenizer()
+        if self.gpt2_tokenizer {
+            return gpt2_tokenizer();
+        }
+        Err(Error::InvalidArgument {
+            op: "--preset",
+            reason: format!(
+                "the {} preset has no built-in tokenizer for its vocabulary (wgrad compiles in \
+                 GPT-2's only): train it from a Hugging Face directory that holds its \
+                 config.json, weights and tokenizer.json (--model DIR); bench step and profile \
+                 run it on random tokens",
+                self.name
+            ),
+        })
     }
 }
 
@@ -121,17 +151,39 @@ mod tests {
     fn presets_parse_and_use_gpt2s_tokenizer() {
         for p in PRESETS {
             let c = p.config().expect("a preset's config");
-            assert_eq!(c.gpt2.vocab_size, 50257, "{}", p.name);
-            assert_eq!(c.gpt2.layer_norm_epsilon, 1e-5, "{}", p.name);
+            let vocab = if p.gpt2_tokenizer { 50257 } else { 49152 };
+            assert_eq!(c.model.vocab_size, vocab, "{}", p.name);
+            assert_eq!(c.model.layer_norm_epsilon, 1e-5, "{}", p.name);
             assert!(c.tokenizer_dir().is_none(), "{}: no path to follow", p.name);
+            assert_eq!(p.tokenizer().is_ok(), p.gpt2_tokenizer, "{}", p.name);
         }
-        for (name, layers) in [("tiny", 2), ("distilgpt2", 6), ("gpt2", 12)] {
+        for (name, layers) in [
+            ("tiny", 2),
+            ("distilgpt2", 6),
+            ("gpt2", 12),
+            ("tiny-llama", 2),
+            ("smollm2-135m", 30),
+        ] {
             let config = Preset::named(name).unwrap().config().unwrap();
-            assert_eq!(config.gpt2.n_layer, layers, "{name}");
+            assert_eq!(config.model.n_layer, layers, "{name}");
         }
+        let smol = Preset::named("smollm2-135m")
+            .unwrap()
+            .config()
+            .unwrap()
+            .model;
+        assert_eq!(smol.family, crate::nn::Family::Llama);
+        assert_eq!((smol.n_head, smol.n_kv_head, smol.head_dim), (9, 3, 64));
+        assert_eq!(smol.parameter_count(), 134_515_008);
+        let err = Preset::named("smollm2-135m")
+            .unwrap()
+            .tokenizer()
+            .unwrap_err();
+        assert!(err.to_string().contains("--model DIR"), "{err}");
         let err = Preset::named("gpt3").unwrap_err().to_string();
         assert!(
-            err.contains("gpt3") && err.contains("tiny, distilgpt2, gpt2"),
+            err.contains("gpt3")
+                && err.contains("tiny, distilgpt2, gpt2, tiny-llama, smollm2-135m"),
             "{err}"
         );
         let tok = Preset::named("tiny").unwrap().tokenizer().unwrap();

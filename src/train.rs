@@ -6,7 +6,7 @@
 use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
 use crate::memory::Reuse;
-use crate::nn::Gpt2;
+use crate::nn::Decoder;
 use crate::optim::{AdamW, AdamWConfig, LossScaleConfig, LrSchedule};
 
 /// The dispatches a step's first submit carries (`Device::submit_early`): about the
@@ -18,7 +18,7 @@ use crate::optim::{AdamW, AdamWConfig, LossScaleConfig, LrSchedule};
 const FIRST_SUBMIT_DISPATCHES: usize = 16;
 
 pub struct Trainer {
-    pub model: Gpt2,
+    pub model: Decoder,
     pub opt: AdamW,
     pub schedule: LrSchedule,
     /// The peak learning rate.
@@ -30,9 +30,14 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// A trainer for `model`; a model in mixed precision (`Gpt2::set_amp`) gets dynamic loss
+    /// A trainer for `model`; a model in mixed precision (`Decoder::set_amp`) gets dynamic loss
     /// scaling.
-    pub fn new(model: Gpt2, config: AdamWConfig, lr: f32, schedule: LrSchedule) -> Result<Trainer> {
+    pub fn new(
+        model: Decoder,
+        config: AdamWConfig,
+        lr: f32,
+        schedule: LrSchedule,
+    ) -> Result<Trainer> {
         let mut opt = AdamW::new(&model.params, config)?;
         // Steps repeat: buffers made in the first serve every later one, and the dispatches
         // that write them do not wait for the ones before (`memory::Reuse`).

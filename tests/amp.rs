@@ -7,7 +7,7 @@
 mod common;
 
 use common::private_dev;
-use wgrad::nn::{Gpt2, Gpt2Config};
+use wgrad::nn::{Decoder, ModelConfig};
 use wgrad::optim::{AdamWConfig, LossScaleConfig, LrSchedule};
 use wgrad::session::{Event, RunControl, TrainOptions, TrainSession};
 use wgrad::train::Trainer;
@@ -62,15 +62,11 @@ fn tiny_preset_loss_with_amp_tracks_f32_over_50_steps() -> Result<()> {
     Ok(())
 }
 
-fn config() -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 97,
-        n_positions: 32,
-        n_embd: 32,
-        n_layer: 2,
-        n_head: 4,
+fn config() -> ModelConfig {
+    ModelConfig {
         layer_norm_epsilon: 1e-5,
         initializer_range: 0.02,
+        ..ModelConfig::gpt2(97, 32, 32, 2, 4)
     }
 }
 
@@ -89,7 +85,7 @@ fn batch(dev: &Device) -> Result<(Tensor, Tensor)> {
 }
 
 fn trainer(dev: &Device, amp: bool) -> Result<Trainer> {
-    let mut model = Gpt2::new(dev, config(), 3)?;
+    let mut model = Decoder::new(dev, config(), 3)?;
     model.set_amp(amp)?;
     let adamw = AdamWConfig {
         max_grad_norm: Some(1.0),
@@ -252,7 +248,7 @@ fn clean_steps_grow_the_scale_and_count_for_the_bias_correction() -> Result<()> 
 fn amp_gradients_match_f32_within_f16_rounding() -> Result<()> {
     let dev = private_dev();
     let (x, y) = batch(&dev)?;
-    let mut model = Gpt2::new(&dev, config(), 5)?;
+    let mut model = Decoder::new(&dev, config(), 5)?;
     let mut runs = Vec::new();
     for amp in [false, true] {
         model.set_amp(amp)?;

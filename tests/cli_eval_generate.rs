@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use common::{assert_close, private_dev};
 use safetensors::SafeTensors;
 use wgrad::model::{evaluate, generate, load_pretrained, Generator, Sampling};
-use wgrad::nn::Gpt2;
+use wgrad::nn::Decoder;
 use wgrad::{no_grad, Device, Result, Tensor};
 
 fn fixture_dir() -> PathBuf {
@@ -17,9 +17,9 @@ fn fixture_dir() -> PathBuf {
 }
 
 /// The golden GPT-2 (V 512, P 64, C 64, 2 layers, 4 heads).
-fn golden(dev: &Device) -> Result<Gpt2> {
+fn golden(dev: &Device) -> Result<Decoder> {
     let (config, params) = load_pretrained(dev, &fixture_dir())?;
-    Ok(Gpt2::from_params(config.gpt2, params))
+    Decoder::from_params(config.model, params)
 }
 
 /// A tensor of expected.safetensors as f32 (ids as their values).
@@ -78,7 +78,7 @@ fn eval_is_hugging_faces_loss_averaged_over_chunks() -> Result<()> {
 }
 
 /// The last position's logits of a full forward over `ids` (one sequence).
-fn full_forward_last(model: &Gpt2, ids: &[u32]) -> Result<Vec<f32>> {
+fn full_forward_last(model: &Decoder, ids: &[u32]) -> Result<Vec<f32>> {
     let dev = model.params.device();
     let x = Tensor::from_u32(dev, ids, &[1, ids.len()])?;
     let logits = no_grad(|| model.forward(&x))?; // (1, T, V)

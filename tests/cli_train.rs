@@ -15,7 +15,7 @@ use wgrad::model::{
     load_pretrained, read_train_state, save_pretrained, HfConfig, Tokenizer, STATE_FILE,
     WEIGHTS_FILE,
 };
-use wgrad::nn::{Gpt2, Gpt2Config};
+use wgrad::nn::{Decoder, ModelConfig};
 use wgrad::session::{
     Event, ModelSource, OptionFlags, RunControl, Schedule, TrainOptions, TrainSession,
 };
@@ -25,21 +25,17 @@ fn repo(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-fn small_config() -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 50257,
-        n_positions: 32,
-        n_embd: 32,
-        n_layer: 1,
-        n_head: 2,
+fn small_config() -> ModelConfig {
+    ModelConfig {
         layer_norm_epsilon: 1e-5,
         initializer_range: 0.02,
+        ..ModelConfig::gpt2(50257, 32, 32, 1, 2)
     }
 }
 
 /// A model directory with fresh weights, GPT-2's tokenizer and `config`.
-fn model_dir(dev: &Device, dir: &Path, config: Gpt2Config) -> Result<()> {
-    let model = Gpt2::new(dev, config.clone(), 11)?;
+fn model_dir(dev: &Device, dir: &Path, config: ModelConfig) -> Result<()> {
+    let model = Decoder::new(dev, config.clone(), 11)?;
     let tokenizer = Tokenizer::from_dir(&repo("models/gpt2-tokenizer"))?;
     save_pretrained(dir, &HfConfig::new(config), &model.params, Some(&tokenizer))
 }
@@ -150,7 +146,7 @@ fn resumed_run_repeats_the_uninterrupted_losses(amp: bool) -> Result<()> {
     // The checkpoint moved on to step n + m and still loads as a model directory.
     assert_eq!(read_train_state(&ckpt)?.state.step, (n + m) as u64);
     let (config, params) = load_pretrained(&dev, &ckpt)?;
-    assert_eq!(config.gpt2, small_config());
+    assert_eq!(config.model, small_config());
     let trained = resumed
         .trainer
         .model

@@ -12,7 +12,7 @@ use std::path::Path;
 use common::{assert_close, dev_with, private_dev};
 use safetensors::SafeTensors;
 use wgrad::model::load_pretrained;
-use wgrad::nn::Gpt2;
+use wgrad::nn::Decoder;
 use wgrad::optim::{AdamW, AdamWConfig};
 use wgrad::{Result, Tensor};
 
@@ -53,7 +53,7 @@ impl Expected {
 
 /// The fixture's model on the default device (`split` false: wte whole), or on one whose
 /// bindings hold 96 KiB: wte (512 x 64 f32, 128 KiB) in 2 row shards, every other tensor whole.
-fn model(split: bool) -> Result<Gpt2> {
+fn model(split: bool) -> Result<Decoder> {
     let dev = if split {
         dev_with(|o| o.adapter.max_storage_binding = Some(96 << 10))
     } else {
@@ -62,11 +62,11 @@ fn model(split: bool) -> Result<Gpt2> {
     let (cfg, params) = load_pretrained(&dev, Path::new(DIR))?;
     let shards = params.shards("wte.weight").map(|s| s.len());
     assert_eq!(shards, Some(if split { 2 } else { 1 }), "wte's shards");
-    Ok(Gpt2::from_params(cfg.gpt2, params))
+    Decoder::from_params(cfg.model, params)
 }
 
 /// (inputs, targets) for HF's shifted loss: ids[:, :T-1] predicting ids[:, 1:].
-fn shifted(model: &Gpt2, ids: &[u32]) -> Result<(Tensor, Tensor)> {
+fn shifted(model: &Decoder, ids: &[u32]) -> Result<(Tensor, Tensor)> {
     let dev = model.params.device();
     let (b, t) = (2, ids.len() / 2);
     let x: Vec<u32> = (0..b)

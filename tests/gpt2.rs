@@ -6,20 +6,16 @@ mod common;
 
 use common::{assert_close, dev_with, private_dev};
 use wgrad::memory::Reuse;
-use wgrad::nn::{Gpt2, Gpt2Config, Kernels};
+use wgrad::nn::{Decoder, Kernels, ModelConfig};
 use wgrad::optim::{AdamW, AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::{Device, Result, Tensor};
 
-fn config(n_layer: usize) -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 97,
-        n_positions: 32,
-        n_embd: 32,
-        n_layer,
-        n_head: 4,
+fn config(n_layer: usize) -> ModelConfig {
+    ModelConfig {
         layer_norm_epsilon: 1e-5,
         initializer_range: 0.2, // large weights: a loss far from ln(vocab), so the check proves something
+        ..ModelConfig::gpt2(97, 32, 32, n_layer, 4)
     }
 }
 
@@ -42,7 +38,7 @@ fn batch(dev: &Device, b: usize, t: usize, vocab: u32) -> Result<(Tensor, Tensor
 #[test]
 fn fused_model_matches_its_unfused_reference() -> Result<()> {
     let dev = private_dev();
-    let mut model = Gpt2::new(&dev, config(2), 7)?;
+    let mut model = Decoder::new(&dev, config(2), 7)?;
     let (x, y) = batch(&dev, 2, 13, 97)?;
     let mut runs = Vec::new();
     for kernels in [Kernels::Fused, Kernels::Reference] {
@@ -78,7 +74,7 @@ fn fused_model_matches_its_unfused_reference() -> Result<()> {
 /// Dispatches of one block's forward and backward at (B, T).
 fn block_dispatches(b: usize, t: usize) -> Result<(u64, u64)> {
     let dev = private_dev();
-    let model = Gpt2::new(&dev, config(1), 3)?;
+    let model = Decoder::new(&dev, config(1), 3)?;
     let x = Tensor::rand_normal(&dev, &[b, t, 32], 0.0, 1.0, 5)?.requires_grad();
     dev.sync()?;
     let c0 = dev.counters();
@@ -108,9 +104,9 @@ fn block_dispatch_counts_do_not_grow_with_the_input() -> Result<()> {
 #[test]
 fn a_small_gpt2_learns_a_fixed_batch() -> Result<()> {
     let dev = private_dev();
-    let model = Gpt2::new(
+    let model = Decoder::new(
         &dev,
-        Gpt2Config {
+        ModelConfig {
             initializer_range: 0.02,
             ..config(2)
         },
@@ -144,7 +140,7 @@ fn a_small_gpt2_learns_a_fixed_batch() -> Result<()> {
 
 /// A trainer of a 2-layer model (seed 5), constant learning rate 1e-3.
 fn two_layer_trainer(dev: &Device) -> Result<Trainer> {
-    let model = Gpt2::new(dev, config(2), 5)?;
+    let model = Decoder::new(dev, config(2), 5)?;
     Trainer::new(
         model,
         AdamWConfig::default(),
@@ -204,7 +200,7 @@ fn a_training_step_submits_its_first_layers_early() -> Result<()> {
     assert_eq!((dev.counters() - c0).submits, 3);
 
     // The same two steps recorded by hand (one submit each, at the read-back).
-    let model = Gpt2::new(&dev, config(2), 5)?;
+    let model = Decoder::new(&dev, config(2), 5)?;
     let mut opt = AdamW::new(&model.params, AdamWConfig::default())?;
     let mut want = 0.0;
     for _ in 0..2 {

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 use wgrad::model::{check_weights, HfConfig};
-use wgrad::nn::Gpt2Config;
+use wgrad::nn::ModelConfig;
 
 /// `f`'s result, or the panic's message as an error of its own kind.
 fn no_panic<T>(f: impl FnOnce() -> wgrad::Result<T>) -> Result<wgrad::Result<T>, String> {
@@ -210,15 +210,11 @@ fn mutated_config_fields_are_errors_naming_the_field_and_file() {
 // ---- safetensors headers -----------------------------------------------------------------
 
 /// The micro model whose weights the mutated files hold.
-fn micro() -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 50,
-        n_positions: 8,
-        n_embd: 16,
-        n_layer: 1,
-        n_head: 2,
+fn micro() -> ModelConfig {
+    ModelConfig {
         layer_norm_epsilon: 1e-5,
         initializer_range: 0.02,
+        ..ModelConfig::gpt2(50, 8, 16, 1, 2)
     }
 }
 

@@ -11,21 +11,17 @@ use std::path::Path;
 use common::{dev_with, private_dev, rng};
 use rand::Rng;
 use wgrad::memory::{check_fits, Workload};
-use wgrad::nn::{Gpt2, Gpt2Config, ParamSpec, Parameters};
+use wgrad::nn::{Decoder, ModelConfig, ParamSpec, Parameters};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::{Error, Result, Tensor};
 
 /// A GPT-2 small enough that a step takes milliseconds on lavapipe.
-fn micro() -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 64,
-        n_positions: 16,
-        n_embd: 16,
-        n_layer: 1,
-        n_head: 2,
+fn micro() -> ModelConfig {
+    ModelConfig {
         layer_norm_epsilon: 1e-5,
         initializer_range: 0.02,
+        ..ModelConfig::gpt2(64, 16, 16, 1, 2)
     }
 }
 
@@ -74,7 +70,7 @@ fn the_memory_cap_refuses_an_allocation_as_an_adapter_out_of_memory_would() -> R
     ] {
         assert!(text.contains(says), "{says}: {text}");
     }
-    let big = Gpt2Config {
+    let big = ModelConfig {
         n_layer: 1_000_000_000,
         ..micro()
     };
@@ -89,7 +85,7 @@ fn the_memory_cap_refuses_an_allocation_as_an_adapter_out_of_memory_would() -> R
 fn a_long_run_creates_no_buffer_after_its_second_step() -> Result<()> {
     let dev = private_dev();
     let config = micro();
-    let model = Gpt2::new(&dev, config.clone(), 1)?;
+    let model = Decoder::new(&dev, config.clone(), 1)?;
     let adamw = AdamWConfig {
         max_grad_norm: Some(1.0),
         ..Default::default()
@@ -269,7 +265,7 @@ fn eval_and_generate_refuse_a_model_with_a_nan_in_an_unused_vocabulary_row() {
 fn bench_step_reports_the_pools_bytes_flat_after_the_second_step() {
     let dir = std::env::temp_dir().join(format!("wgrad-bench-pool-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("scratch");
-    let config = serde_json::to_string(&micro()).expect("config");
+    let config = wgrad::model::HfConfig::new(micro()).to_json();
     std::fs::write(dir.join("config.json"), config).expect("writing");
     let o = std::process::Command::new(env!("CARGO_BIN_EXE_wgrad"))
         .args(["bench", "step", "--model", dir.to_str().unwrap()])

@@ -15,7 +15,7 @@ use safetensors::SafeTensors;
 use wgrad::model::{
     load_pretrained, save_pretrained, Generator, HfConfig, Tokenizer, WEIGHTS_FILE,
 };
-use wgrad::nn::{Gpt2, Gpt2Config, ParamSpec, Parameters};
+use wgrad::nn::{Decoder, ModelConfig, ParamSpec, Parameters};
 use wgrad::optim::{AdamW, AdamWConfig};
 use wgrad::session::{
     Event, ModelSource, OptionFlags, RunControl, Schedule, TrainOptions, TrainSession,
@@ -30,18 +30,21 @@ fn capped_dev(cap: u64) -> Device {
     dev_with(|o| o.adapter.max_storage_binding = Some(cap))
 }
 
-fn tiny() -> Gpt2Config {
-    serde_json::from_str(include_str!("../models/tiny/config.json")).expect("the tiny preset")
+fn tiny() -> ModelConfig {
+    wgrad::assets::Preset::named("tiny")
+        .and_then(|p| p.config())
+        .expect("the tiny preset")
+        .model
 }
 
-fn shard_count(model: &Gpt2) -> usize {
+fn shard_count(model: &Decoder) -> usize {
     model.params.shards("wte.weight").expect("wte").len()
 }
 
 /// The tiny preset on a capped device (3 shards) and on the default one (1 shard), same seed.
-fn split_and_whole(seed: u64) -> Result<(Gpt2, Gpt2)> {
-    let split = Gpt2::new(&capped_dev(TINY_CAP), tiny(), seed)?;
-    let whole = Gpt2::new(&private_dev(), tiny(), seed)?;
+fn split_and_whole(seed: u64) -> Result<(Decoder, Decoder)> {
+    let split = Decoder::new(&capped_dev(TINY_CAP), tiny(), seed)?;
+    let whole = Decoder::new(&private_dev(), tiny(), seed)?;
     assert_eq!(shard_count(&split), 3, "wte split under a 10 MiB cap");
     let limit = whole
         .params
@@ -215,7 +218,7 @@ fn a_split_model_generates_the_unsplit_logits() -> Result<()> {
 #[test]
 fn a_split_embedding_saves_one_tensor_and_loads_back_split_or_whole() -> Result<()> {
     let scratch = Scratch::new("save");
-    let split = Gpt2::new(&capped_dev(TINY_CAP), tiny(), 6)?;
+    let split = Decoder::new(&capped_dev(TINY_CAP), tiny(), 6)?;
     assert_eq!(shard_count(&split), 3);
     save_pretrained(scratch.path(), &HfConfig::new(tiny()), &split.params, None)?;
 
@@ -232,7 +235,7 @@ fn a_split_embedding_saves_one_tensor_and_loads_back_split_or_whole() -> Result<
 
     for dev in [capped_dev(TINY_CAP), private_dev()] {
         let (config, params) = load_pretrained(&dev, scratch.path())?;
-        assert_eq!(config.gpt2, tiny());
+        assert_eq!(config.model, tiny());
         let n = params.shards("wte.weight").expect("wte").len();
         for spec in split.params.specs() {
             assert_eq!(
@@ -300,15 +303,11 @@ fn parameters_over_the_cap_are_split_by_rows_or_refused() -> Result<()> {
 }
 
 /// A 1-layer, 64-dim GPT-2 over GPT-2's vocabulary (the data is GPT-2 tokens): wte is 12.9 MB.
-fn small_config() -> Gpt2Config {
-    Gpt2Config {
-        vocab_size: 50257,
-        n_positions: 32,
-        n_embd: 64,
-        n_layer: 1,
-        n_head: 2,
+fn small_config() -> ModelConfig {
+    ModelConfig {
         layer_norm_epsilon: 1e-5,
         initializer_range: 0.02,
+        ..ModelConfig::gpt2(50257, 32, 64, 1, 2)
     }
 }
 
@@ -324,7 +323,7 @@ fn a_resumed_run_with_a_split_embedding_repeats_the_uninterrupted_losses() -> Re
     let dev = capped_dev(SMALL_CAP);
     let scratch = Scratch::new("resume");
     let model = scratch.path().join("init");
-    let init = Gpt2::new(&dev, small_config(), 11)?;
+    let init = Decoder::new(&dev, small_config(), 11)?;
     assert_eq!(shard_count(&init), 2);
     let tokenizer = Tokenizer::from_dir(&repo("models/gpt2-tokenizer"))?;
     save_pretrained(

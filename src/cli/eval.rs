@@ -10,7 +10,7 @@ use wgrad::{Device, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer).
+    /// A Hugging Face model directory (GPT-2, Llama, Qwen2 or Qwen3: config.json, model.safetensors or its shards, tokenizer).
     #[arg(long)]
     model: PathBuf,
     /// The UTF-8 text to score (builtin:austen-persuasion.txt: the corpus compiled in).
@@ -26,7 +26,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
-    let config = HfConfig::read(&args.model.join("config.json"))?.gpt2;
+    let config = HfConfig::read(&args.model.join("config.json"))?.model;
     let seq = args.seq.unwrap_or(config.n_positions);
     check_eval_seq(config.n_positions, seq)?;
     check_fits(&dev, &config, Workload::Forward { batch: 1, seq })?;

@@ -12,7 +12,7 @@ use wgrad::{Device, Error, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer).
+    /// A Hugging Face model directory (GPT-2, Llama, Qwen2 or Qwen3: config.json, model.safetensors or its shards, tokenizer).
     #[arg(long)]
     model: PathBuf,
     /// The text to continue (empty: start from <|endoftext|>).
@@ -36,7 +36,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
-    let config = HfConfig::read(&args.model.join("config.json"))?.gpt2;
+    let config = HfConfig::read(&args.model.join("config.json"))?.model;
     check_fits(&dev, &config, Workload::Generate)?;
     let (_, model, tokenizer) = load_model(&dev, &args.model)?;
     let eot = tokenizer.end_of_text();

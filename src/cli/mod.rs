@@ -39,8 +39,8 @@ impl Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a GPT-2 (the tiny preset on the bundled corpus by default): progress bar, held-out
-    /// evaluations, checkpoints, a summary.
+    /// Train a model (GPT-2, Llama, Qwen2, Qwen3; the tiny preset on the bundled corpus by
+    /// default): progress bar, held-out evaluations, checkpoints, a summary.
     Train(train::Args),
     /// The next-token loss and perplexity of a model directory over a text file.
     Eval(eval::Args),
@@ -52,7 +52,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Profile GPT-2 training steps: GPU time per kernel, CPU phases, counters, Chrome trace.
+    /// Profile training steps: GPU time per kernel, CPU phases, counters, Chrome trace.
     Profile(profile::Args),
     /// Print the complete WGSL of kernel variants (e.g. `coop:2x2/4x4/32:matmul_coop_bias`).
     Wgsl(wgsl::Args),
@@ -67,7 +67,7 @@ enum Command {
 enum BenchCommand {
     /// Kernel throughput, CPU cost per recorded dispatch, submits and pool reuse.
     Ops(bench_ops::Args),
-    /// A full GPT-2 training step: median ms, tokens/s, submits and buffers per step.
+    /// A full training step: median ms, tokens/s, submits and buffers per step.
     Step(bench_step::Args),
     /// Matmul TFLOP/s per size, f32 or f16 operands, and the kernel variant chosen.
     Matmul(bench_matmul::Args),

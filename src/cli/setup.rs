@@ -5,27 +5,27 @@ use std::path::Path;
 
 use wgrad::assets::Preset;
 use wgrad::model::HfConfig;
-use wgrad::nn::{Gpt2, Gpt2Config};
+use wgrad::nn::{Decoder, ModelConfig};
 use wgrad::session::{check_options, TrainOptions};
 use wgrad::{Device, Error, Result, Tensor};
 
 /// The config of `--preset NAME` (built in: `wgrad::assets`) or `--model DIR` (DIR/config.json),
 /// every field checked.
-pub fn config(preset: Option<&str>, model_dir: Option<&Path>) -> Result<Gpt2Config> {
+pub fn config(preset: Option<&str>, model_dir: Option<&Path>) -> Result<ModelConfig> {
     let config = match (preset, model_dir) {
         (_, Some(dir)) => HfConfig::read(&dir.join("config.json"))?,
         // Parsed and checked as `train` does (`wgrad::assets::Preset::config`).
         (Some(name), None) => Preset::named(name)?.config()?,
         (None, None) => unreachable!("clap gives a default preset"),
     };
-    Ok(config.gpt2)
+    Ok(config.model)
 }
 
 /// `train`'s checks of --batch, --seq and --steps (`check_options`), for the commands that
 /// run training steps of `config` without a `TrainSession`: `warmup` steps, then `steps`
 /// (twice, for `profile`) must count without overflow.
 pub fn check_run(
-    config: &Gpt2Config,
+    config: &ModelConfig,
     batch: usize,
     seq: usize,
     steps: usize,
@@ -58,9 +58,9 @@ pub fn reps() -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::new().range(1..=MAX_REPS)
 }
 
-/// A model with fresh GPT-2 initialization.
-pub fn model(device: &Device, config: Gpt2Config, seed: u64) -> Result<Gpt2> {
-    Gpt2::new(device, config, seed)
+/// A model with fresh weights (its family's initialization).
+pub fn model(device: &Device, config: ModelConfig, seed: u64) -> Result<Decoder> {
+    Decoder::new(device, config, seed)
 }
 
 /// A batch of random token ids and next-token targets, (B, T) each.

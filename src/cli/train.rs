@@ -27,7 +27,7 @@ pub struct Args {
     /// A built-in model with fresh weights: tiny, distilgpt2, gpt2 [default: tiny].
     #[arg(long, conflicts_with_all = ["model", "resume"])]
     preset: Option<String>,
-    /// A Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer) to train on.
+    /// A Hugging Face model directory (GPT-2, Llama, Qwen2 or Qwen3: config.json, weights, tokenizer) to train on.
     #[arg(long, conflicts_with = "resume")]
     model: Option<PathBuf>,
     /// UTF-8 text to train on (tokenized once, cached beside it); its last 10% is held out
@@ -191,11 +191,21 @@ fn print_header(session: &TrainSession, dev: &Device, args: &Args) {
     let lines = [
         format!("adapter   {}", dev.report().adapter),
         format!(
-            "model     {model}: {} layers, {} dims, {} heads, {:.1}M parameters",
+            "model     {model}: {} {} layers, {} dims, {} heads{}, {:.1}M parameters{}",
+            cfg.family.model_type(),
             cfg.n_layer,
             cfg.n_embd,
             cfg.n_head,
-            session.trainer.model.params.numel() as f64 / 1e6
+            if cfg.n_kv_head < cfg.n_head {
+                format!(" ({} key/value)", cfg.n_kv_head)
+            } else {
+                String::new()
+            },
+            session.trainer.model.params.numel() as f64 / 1e6,
+            match &session.weights_read {
+                Some(read) => format!("; weights {}", read.describe()),
+                None => String::new(),
+            }
         ),
         format!(
             "data      {}: {} tokens for training, {} held out{}",

@@ -13,7 +13,7 @@
 use crate::config::Options;
 use crate::error::{human_bytes, Error, Result};
 use crate::graph::Device;
-use crate::nn::Gpt2Config;
+use crate::nn::ModelConfig;
 
 /// The memory assumed where neither the cap nor the adapter tells it: 1 TiB, more than any
 /// single GPU holds (an H200 has 141 GB). Refuses the sizes no adapter can hold (n_layer 1e9
@@ -67,11 +67,15 @@ impl Footprint {
 }
 
 /// Overflow of the estimate: a size no adapter holds.
-fn overflow(config: &Gpt2Config) -> Error {
+fn overflow(config: &ModelConfig) -> Error {
     Error::OutOfMemory {
         what: format!(
-            "a GPT-2 of n_layer {}, n_embd {}, vocab_size {}, n_positions {}",
-            config.n_layer, config.n_embd, config.vocab_size, config.n_positions
+            "a {} of n_layer {}, n_embd {}, vocab_size {}, n_positions {}",
+            config.family.model_type(),
+            config.n_layer,
+            config.n_embd,
+            config.vocab_size,
+            config.n_positions
         ),
         bytes: u64::MAX,
         limit: "its size overflows 64-bit arithmetic".into(),
@@ -81,7 +85,7 @@ fn overflow(config: &Gpt2Config) -> Error {
 }
 
 /// The estimate of `work` on a model of `config`.
-pub fn footprint(config: &Gpt2Config, work: Workload) -> Result<Footprint> {
+pub fn footprint(config: &ModelConfig, work: Workload) -> Result<Footprint> {
     let of = || overflow(config);
     let m = |a: u64, b: u64| a.checked_mul(b).ok_or_else(of);
     let add = |a: u64, b: u64| a.checked_add(b).ok_or_else(of);
@@ -91,14 +95,19 @@ pub fn footprint(config: &Gpt2Config, work: Workload) -> Result<Footprint> {
         config.n_positions as u64,
         config.n_layer as u64,
     );
-    // Per layer: c_attn (C, 3C), c_proj (C, C), c_fc (C, 4C), c_proj (4C, C) and 13C of biases
-    // and LayerNorms; wte, wpe and ln_f besides.
-    let per_layer = add(m(12, m(c, c)?)?, m(13, c)?)?;
-    let numel = add(add(m(v, c)?, m(p, c)?)?, add(m(l, per_layer)?, m(2, c)?)?)?;
+    let numel = u64::try_from(config.parameter_count()).map_err(|_| of())?;
+    // The MLP's widest activation: GPT-2's (B x T, n_inner), SwiGLU's gate and up (B x T,
+    // 2 n_inner).
+    let f = config.n_inner as u64;
+    let (mlp_width, mlp_saved) = match config.family {
+        crate::nn::Family::Gpt2 => (f, m(2, f)?),
+        _ => (m(2, f)?, m(3, f)?),
+    };
+    let kv_width = m(config.n_kv_head as u64, config.head_dim as u64)?;
     let weights = m(4, numel)?;
     let mut parts = vec![("parameters", weights)];
     let f32_row = |tokens: u64, width: u64| m(m(tokens, width)?, 4);
-    let mlp = "the MLP's activations (B x T, 4 x n_embd)";
+    let mlp = "the MLP's activations (B x T, its hidden width)";
     let largest = match work {
         Workload::Train { batch, seq, amp } => {
             parts.push(("gradients", weights));
@@ -107,28 +116,36 @@ pub fn footprint(config: &Gpt2Config, work: Workload) -> Result<Footprint> {
                 parts.push(("f16 weight copies", numel.checked_mul(2).ok_or_else(of)?));
             }
             let tokens = m(batch as u64, seq as u64)?;
-            // Saved for the backward pass, per layer and token: the two LayerNorms' outputs,
-            // q k v, the attention's output, the MLP's pre-activation and output, the two
-            // residual sums: 16C values.
-            let saved = m(l, f32_row(tokens, m(16, c)?)?)?;
+            // Saved for the backward pass, per layer and token: the two norms' outputs, q k v,
+            // the attention's output, the MLP's activations (GPT-2: pre-activation and output;
+            // SwiGLU: gate, up and output), the two residual sums (GPT-2: 16C values).
+            let per_token = [
+                m(4, c)?,
+                config.qkv_width() as u64,
+                config.attn_width() as u64,
+                mlp_saved,
+            ]
+            .into_iter()
+            .try_fold(0u64, &add)?;
+            let saved = m(l, f32_row(tokens, per_token)?)?;
             // The logits, kept for the loss's backward (f16 under --amp; their gradient, made
             // a chunk at a time, not counted).
             let logits = m(tokens, v)?;
             let logits = m(logits, if amp { 2 } else { 4 })?;
             parts.push(("activations", add(saved, logits)?));
-            (mlp, f32_row(tokens, m(4, c)?)?)
+            (mlp, f32_row(tokens, mlp_width)?)
         }
         Workload::Forward { batch, seq } => {
             let tokens = m(batch as u64, seq as u64)?;
-            let hidden = m(2, f32_row(tokens, m(4, c)?)?)?;
+            let hidden = m(2, f32_row(tokens, mlp_width)?)?;
             parts.push(("activations", add(hidden, f32_row(tokens, v)?)?));
-            (mlp, f32_row(tokens, m(4, c)?)?)
+            (mlp, f32_row(tokens, mlp_width)?)
         }
         Workload::Generate => {
-            parts.push(("KV cache", m(2, m(l, f32_row(p, c)?)?)?));
+            parts.push(("KV cache", m(2, m(l, f32_row(p, kv_width)?)?)?));
             (
-                "one layer's K or V cache (n_positions, n_embd)",
-                f32_row(p, c)?,
+                "one layer's K or V cache (n_positions, key/value heads x head_dim)",
+                f32_row(p, kv_width)?,
             )
         }
     };
@@ -199,7 +216,7 @@ fn advice(work: Workload) -> String {
 /// An error unless `work` on a model of `config` fits `device`: its largest activation within
 /// one storage binding, its estimated total within the memory (see the module doc). Call it
 /// before building the model; returns the estimate.
-pub fn check_fits(device: &Device, config: &Gpt2Config, work: Workload) -> Result<Footprint> {
+pub fn check_fits(device: &Device, config: &ModelConfig, work: Workload) -> Result<Footprint> {
     let f = footprint(config, work)?;
     let binding = device.gpu().limits.max_storage_buffer_binding_size;
     let (name, bytes) = f.largest;
@@ -257,15 +274,11 @@ pub fn check_fits(device: &Device, config: &Gpt2Config, work: Workload) -> Resul
 mod tests {
     use super::*;
 
-    fn config(n_layer: usize, n_embd: usize, vocab_size: usize, n_positions: usize) -> Gpt2Config {
-        Gpt2Config {
-            vocab_size,
-            n_positions,
-            n_embd,
-            n_layer,
-            n_head: 1,
+    fn config(n_layer: usize, n_embd: usize, vocab_size: usize, n_positions: usize) -> ModelConfig {
+        ModelConfig {
             layer_norm_epsilon: 1e-5,
             initializer_range: 0.02,
+            ..ModelConfig::gpt2(vocab_size, n_positions, n_embd, n_layer, 1)
         }
     }
 

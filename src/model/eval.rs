@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::graph::Tensor;
 use crate::model::data::TokenDataset;
 use crate::model::tokenizer::Tokenizer;
-use crate::nn::Gpt2;
+use crate::nn::Decoder;
 
 /// Bytes of logits one evaluation batch may hold (and never more than one storage binding):
 /// (B, T-1, V) f32 stays under lavapipe's 128 MiB binding, and a real GPU is busy at this size
@@ -36,7 +36,7 @@ pub struct EvalReport {
 
 /// Chunks per batch for chunks of `seq` tokens through `model`: its logits within one storage
 /// binding of its adapter (and EVAL_LOGITS_BYTES).
-pub fn eval_batch_size(model: &Gpt2, seq: usize) -> usize {
+pub fn eval_batch_size(model: &Decoder, seq: usize) -> usize {
     let max_binding = model
         .params
         .device()
@@ -49,12 +49,12 @@ pub fn eval_batch_size(model: &Gpt2, seq: usize) -> usize {
 
 /// The loss and perplexity of `model` on `tokens` cut into chunks of `seq` tokens (2 <= seq
 /// <= n_positions), `batch` chunks per forward pass.
-pub fn evaluate(model: &Gpt2, tokens: &[u32], seq: usize, batch: usize) -> Result<EvalReport> {
+pub fn evaluate(model: &Decoder, tokens: &[u32], seq: usize, batch: usize) -> Result<EvalReport> {
     check_seq(model, seq)?;
     mean_loss(model, tokens, seq, batch)
 }
 
-fn check_seq(model: &Gpt2, seq: usize) -> Result<()> {
+fn check_seq(model: &Decoder, seq: usize) -> Result<()> {
     check_eval_seq(model.config.n_positions, seq)
 }
 
@@ -76,7 +76,7 @@ pub fn check_eval_seq(n_pos: usize, seq: usize) -> Result<()> {
 /// `evaluate` over the whole UTF-8 text file `path` (tokenized once, cached beside it), in
 /// batches sized by `eval_batch_size`.
 pub fn evaluate_text(
-    model: &Gpt2,
+    model: &Decoder,
     tokenizer: &Tokenizer,
     path: &Path,
     seq: usize,
@@ -97,7 +97,7 @@ pub fn evaluate_text(
 /// As `evaluate`, with chunks of up to n_positions + 1 tokens (the last token of a chunk is
 /// only a target): the held-out loss of training, whose windows are T + 1 tokens.
 pub(crate) fn mean_loss(
-    model: &Gpt2,
+    model: &Decoder,
     tokens: &[u32],
     chunk: usize,
     batch: usize,

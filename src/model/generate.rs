@@ -2,8 +2,11 @@
 //! attention over its T0 positions, its keys and values written into the cache), then each new
 //! token runs one position: its query attends over the cached keys and values of every
 //! position so far with plain ops, q (B, H, 1, D) @ K^T (B, H, D, L), softmax, @ V (B, H, L, D).
-//! The cache is one (B, H, n_positions, D) tensor per layer for K and one for V, allocated once
-//! and written in place, one position at a time. Sampling (temperature, top-k, top-p) is on the
+//! The cache is one (B, KV, n_positions, D) tensor per layer for K and one for V (KV key/value
+//! heads: GPT-2's H; the Llama family's grouped heads, each serving H / KV query heads, which
+//! read it in place as (B, KV, H / KV, D) queries), allocated once and written in place, one
+//! position at a time. The Llama family's keys are stored rotated (rotary embedding at their
+//! positions). Sampling (temperature, top-k, top-p) is on the
 //! host from the last position's logits, seeded.
 //!
 //! Shape legend: B batch, L positions cached, H heads, D head dim, C = H * D, V vocabulary.
@@ -11,31 +14,30 @@
 use crate::autograd::no_grad;
 use crate::error::{Error, Result};
 use crate::graph::Tensor;
-use crate::nn::Gpt2;
+use crate::nn::{Decoder, Family};
 use crate::ops::{launch_copy, Activation, Out};
 
 /// Keys and values of every position run so far, per layer.
 pub struct KvCache {
-    k: Vec<Tensor>, // (B, H, n_positions, D) per layer
-    v: Vec<Tensor>, // (B, H, n_positions, D) per layer
+    k: Vec<Tensor>, // (B, KV, n_positions, D) per layer
+    v: Vec<Tensor>, // (B, KV, n_positions, D) per layer
     /// Positions filled.
     len: usize,
 }
 
 /// A model and its cache: feed tokens, get the next token's logits.
 pub struct Generator<'a> {
-    model: &'a Gpt2,
+    model: &'a Decoder,
     cache: KvCache,
     batch: usize,
 }
 
 impl<'a> Generator<'a> {
     /// An empty cache for `batch` sequences of up to n_positions tokens.
-    pub fn new(model: &'a Gpt2, batch: usize) -> Result<Generator<'a>> {
+    pub fn new(model: &'a Decoder, batch: usize) -> Result<Generator<'a>> {
         let cfg = &model.config;
-        let (h, d) = (cfg.n_head, cfg.n_embd / cfg.n_head);
         let dev = model.params.device();
-        let shape = [batch, h, cfg.n_positions, d];
+        let shape = [batch, cfg.n_kv_head, cfg.n_positions, cfg.head_dim];
         let mut k = Vec::with_capacity(cfg.n_layer);
         let mut v = Vec::with_capacity(cfg.n_layer);
         for _ in 0..cfg.n_layer {
@@ -106,25 +108,25 @@ impl<'a> Generator<'a> {
         let dev = self.model.params.device();
         let c = cfg.n_embd;
         let ids = Tensor::from_u32(dev, ids, &[b * t])?;
-        let tok = self.model.embed_tokens(&ids)?; // (B*t, C)
-        let pos = self.p("wpe.weight")?.narrow(0, start, t)?; // (t, C)
-        let mut x = tok.reshape(&[b, t, c])?.add(&pos)?; // (B, t, C)
+        let mut x = self.model.embed_tokens(&ids)?.reshape(&[b, t, c])?; // (B, t, C)
+        if cfg.family == Family::Gpt2 {
+            x = x.add(&self.p("wpe.weight")?.narrow(0, start, t)?)?; // + (t, C)
+        }
         for i in 0..cfg.n_layer {
-            x = self.block(i, &x, start)?;
+            x = match cfg.family {
+                Family::Gpt2 => self.block(i, &x, start)?,
+                _ => self.llama_block(i, &x, start)?,
+            };
         }
         let last = x.narrow(1, t - 1, 1)?; // (B, 1, C)
-        let last = last.layer_norm(
-            self.p("ln_f.weight")?,
-            self.p("ln_f.bias")?,
-            cfg.layer_norm_epsilon,
-        )?;
+        let last = self.model.final_norm(&last, None)?;
         let logits = self.model.lm_head(&last)?; // (B, 1, V)
         self.cache.len = start + t;
         logits.reshape(&[b, cfg.vocab_size])
     }
 
     fn p(&self, name: &str) -> Result<&'a Tensor> {
-        let model: &'a Gpt2 = self.model;
+        let model: &'a Decoder = self.model;
         model
             .params
             .get(name)
@@ -189,6 +191,78 @@ impl<'a> Generator<'a> {
             Activation::None,
         )?;
         x.add(&m)
+    }
+
+    /// A Llama-family block on x (B, t, C) at positions start..start + t, writing their rotated
+    /// keys and their values into the cache.
+    fn llama_block(&self, i: usize, x: &Tensor, start: usize) -> Result<Tensor> {
+        let model = self.model;
+        let cfg = &model.config;
+        let (b, t) = (x.shape()[0], x.shape()[1]);
+        let (h, kv, d) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let name = |s: &str| format!("layers.{i}.{s}");
+        let p = |s: &str| self.p(&name(s));
+        let bias = |s: &str| model.params.get(&name(s));
+        let eps = cfg.layer_norm_epsilon;
+        let rope = model.rope().expect("the Llama family has a rotary table");
+
+        let a = x.rms_norm(p("input_layernorm.weight")?, eps)?;
+        let qkv = a.linear(
+            &p("self_attn.qkv_proj.weight")?.t()?,
+            bias("self_attn.qkv_proj.bias"),
+            Activation::None,
+        )?; // (B, t, (H + 2 KV) D)
+        let qkv = match cfg.family {
+            Family::Qwen3 => model.qk_norm(i, &qkv)?,
+            _ => qkv,
+        };
+        let split = qkv.reshape(&[b, t, h + 2 * kv, d])?;
+        let heads = |first: usize, n: usize| -> Result<Tensor> {
+            split.narrow(2, first, n)?.permute(&[0, 2, 1, 3])
+        }; // (B, n, t, D) views
+        let keys = heads(h, kv)?.rope_reference(rope, start)?;
+        let (cache_k, cache_v) = (&self.cache.k[i], &self.cache.v[i]);
+        launch_copy(&keys, Out::Write(&cache_k.narrow(2, start, t)?))?;
+        launch_copy(
+            &heads(h + kv, kv)?,
+            Out::Write(&cache_v.narrow(2, start, t)?),
+        )?;
+        let y = if t > 1 {
+            // The prompt (start is 0): the fused grouped attention, rotating as it loads.
+            qkv.causal_self_attention_grouped(h, kv, Some(rope))? // (B, t, H D)
+        } else {
+            let len = start + 1;
+            // The query heads of each key/value head as its rows: (B, KV, H / KV, D).
+            let q = heads(0, h)?
+                .rope_reference(rope, start)?
+                .contiguous()?
+                .reshape(&[b, kv, h / kv, d])?;
+            let keys = cache_k.narrow(2, 0, len)?; // (B, KV, L, D)
+            let values = cache_v.narrow(2, 0, len)?; // (B, KV, L, D)
+            let scores = q.matmul(&keys.t()?)?.mul_scalar(1.0 / (d as f32).sqrt())?; // (B, KV, H / KV, L)
+            scores
+                .softmax()?
+                .matmul(&values)? // (B, KV, H / KV, D)
+                .reshape(&[b, 1, h * d])?
+        };
+        let x = x.add(&y.linear(
+            &p("self_attn.o_proj.weight")?.t()?,
+            bias("self_attn.o_proj.bias"),
+            Activation::None,
+        )?)?;
+        let m = x.rms_norm(p("post_attention_layernorm.weight")?, eps)?;
+        let m = m
+            .linear(
+                &p("mlp.gate_up_proj.weight")?.t()?,
+                bias("mlp.gate_up_proj.bias"),
+                Activation::None,
+            )? // (B, t, 2F)
+            .swiglu_as(crate::graph::DType::F32)?;
+        x.add(&m.linear(
+            &p("mlp.down_proj.weight")?.t()?,
+            bias("mlp.down_proj.bias"),
+            Activation::None,
+        )?)
     }
 }
 
@@ -308,7 +382,7 @@ fn choose(logits: &[f32], s: &Sampling, rng: &mut SplitMix64) -> u32 {
 /// The errors `generate` would return for these arguments, before any work: an empty prompt,
 /// a prompt plus new tokens past the model's positions, bad sampling settings.
 pub fn check_request(
-    model: &Gpt2,
+    model: &Decoder,
     prompt_len: usize,
     max_new: usize,
     sampling: &Sampling,
@@ -341,7 +415,7 @@ pub fn check_request(
 /// as it comes; stops early at `stop` (the end-of-text token) when given. An empty prompt is an
 /// error (start it with the end-of-text token, as GPT-2 was trained).
 pub fn generate(
-    model: &Gpt2,
+    model: &Decoder,
     prompt: &[u32],
     max_new: usize,
     sampling: &Sampling,

@@ -1,15 +1,16 @@
-//! A Hugging Face GPT-2 config.json: the fields wgrad's model reads (`Gpt2Config`), every other
-//! field kept as read so that a saved model keeps them, and the checks that refuse a config
-//! whose model wgrad would compute differently (another activation, untied embeddings, ...).
+//! A Hugging Face config.json (GPT-2, Llama, Qwen2, Qwen3; as transformers 4.x and 5.x write
+//! it): the fields wgrad's model reads (`ModelConfig`), every other field kept as read so that
+//! a saved model keeps them, and the checks that refuse a config whose model wgrad would
+//! compute differently (another activation, a rope scaling, a sliding window, ...), each
+//! naming its field, before any weight is read.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
-use crate::kernels::attention::MAX_HEAD_DIM;
 use crate::model::input_file::read_regular;
-use crate::nn::Gpt2Config;
+use crate::nn::{Family, ModelConfig};
 
 /// The field of a wgrad preset naming its shared tokenizer directory (relative to the preset).
 pub const TOKENIZER_DIR_FIELD: &str = "wgrad_tokenizer_dir";
@@ -19,7 +20,7 @@ const TANH_GELUS: [&str; 3] = ["gelu_new", "gelu_pytorch_tanh", "gelu_fast"];
 
 #[derive(Clone, Debug)]
 pub struct HfConfig {
-    pub gpt2: Gpt2Config,
+    pub model: ModelConfig,
     /// Every field as read, known ones included; `to_json` overwrites the known ones.
     fields: Map<String, Value>,
     /// The directory the file was read from (None when built in code).
@@ -28,9 +29,9 @@ pub struct HfConfig {
 
 impl HfConfig {
     /// A config with only the fields wgrad knows.
-    pub fn new(gpt2: Gpt2Config) -> HfConfig {
+    pub fn new(model: ModelConfig) -> HfConfig {
         HfConfig {
-            gpt2,
+            model,
             fields: Map::new(),
             dir: None,
         }
@@ -60,62 +61,14 @@ impl HfConfig {
             Ok(other) => return Err(bad(format!("not a JSON object but {}", json_type(&other)))),
             Err(e) => return Err(bad(format!("not JSON: {e}"))),
         };
-        let gpt2 = read_fields(&fields).map_err(&bad)?;
-        check_sizes(&gpt2).map_err(&bad)?;
-        gpt2.validate().map_err(|e| bad(e.to_string()))?;
-        let config = HfConfig {
-            gpt2,
+        let model = read_fields(&fields).map_err(&bad)?;
+        check_sizes(&model).map_err(&bad)?;
+        model.validate().map_err(|e| bad(e.to_string()))?;
+        Ok(HfConfig {
+            model,
             fields,
             dir: None,
-        };
-        config.check_supported().map_err(bad)?;
-        Ok(config)
-    }
-
-    /// Refuses what would make wgrad compute another model than Hugging Face's.
-    fn check_supported(&self) -> std::result::Result<(), String> {
-        let f = &self.fields;
-        if let Some(t) = typed(f, "model_type", Value::as_str, "a string")? {
-            if t != "gpt2" {
-                return Err(format!(
-                    "model_type is `{t}`; wgrad loads `gpt2` models only"
-                ));
-            }
-        }
-        if let Some(act) = typed(f, "activation_function", Value::as_str, "a string")? {
-            if !TANH_GELUS.contains(&act) {
-                return Err(format!(
-                    "activation_function `{act}` is not supported; wgrad computes the tanh \
-                     GELU ({})",
-                    TANH_GELUS.join(", ")
-                ));
-            }
-        }
-        if let Some(n_inner) = typed(f, "n_inner", Value::as_u64, "a whole number or null")? {
-            if n_inner != 4 * self.gpt2.n_embd as u64 {
-                return Err(format!(
-                    "n_inner {n_inner} is not supported; wgrad's MLP is 4 * n_embd = {}",
-                    4 * self.gpt2.n_embd
-                ));
-            }
-        }
-        let unsupported = [
-            ("tie_word_embeddings", false, "wgrad ties lm_head to wte"),
-            (
-                "scale_attn_weights",
-                false,
-                "wgrad scales attention by 1/sqrt(D)",
-            ),
-            ("scale_attn_by_inverse_layer_idx", true, "not implemented"),
-            ("reorder_and_upcast_attn", true, "not implemented"),
-            ("add_cross_attention", true, "wgrad's GPT-2 is decoder-only"),
-        ];
-        for (field, value, why) in unsupported {
-            if typed(f, field, Value::as_bool, "true or false")? == Some(value) {
-                return Err(format!("{field}: {value} is not supported ({why})"));
-            }
-        }
-        Ok(())
+        })
     }
 
     /// A field as read from the file.
@@ -142,25 +95,27 @@ impl HfConfig {
     /// dropped (a saved directory holds its own tokenizer files). Keys sorted, as HF writes them.
     pub fn to_json(&self) -> String {
         let mut f = self.fields.clone();
-        let g = &self.gpt2;
+        let g = &self.model;
         f.remove(TOKENIZER_DIR_FIELD);
-        f.insert("model_type".into(), "gpt2".into());
-        f.insert("architectures".into(), Value::from(vec!["GPT2LMHeadModel"]));
-        f.entry("activation_function")
-            .or_insert_with(|| "gelu_new".into());
-        f.insert("vocab_size".into(), g.vocab_size.into());
-        f.insert("n_positions".into(), g.n_positions.into());
-        if f.contains_key("n_ctx") {
-            f.insert("n_ctx".into(), g.n_positions.into());
-        }
-        f.insert("n_embd".into(), g.n_embd.into());
-        f.insert("n_layer".into(), g.n_layer.into());
-        f.insert("n_head".into(), g.n_head.into());
+        f.insert("model_type".into(), g.family.model_type().into());
         f.insert(
-            "layer_norm_epsilon".into(),
-            f32_to_json(g.layer_norm_epsilon),
+            "architectures".into(),
+            Value::from(vec![g.family.architecture()]),
         );
+        // The weights are saved f32: a loader that follows the declared dtype (transformers
+        // 5.x's default) must not round them to a hub checkpoint's bf16.
+        for key in ["torch_dtype", "dtype"] {
+            if f.contains_key(key) {
+                f.insert(key.into(), "float32".into());
+            }
+        }
+        f.insert("vocab_size".into(), g.vocab_size.into());
         f.insert("initializer_range".into(), f32_to_json(g.initializer_range));
+        if g.family == Family::Gpt2 {
+            gpt2_fields(&mut f, g);
+        } else {
+            llama_fields(&mut f, g);
+        }
         let mut text = serde_json::to_string_pretty(&Value::Object(f))
             .expect("a JSON map of JSON values always serializes");
         text.push('\n');
@@ -168,10 +123,68 @@ impl HfConfig {
     }
 }
 
-/// Layers at most: far beyond any GPT-2 (48), and each layer is 12 tensors the host lists.
+fn gpt2_fields(f: &mut Map<String, Value>, g: &ModelConfig) {
+    f.entry("activation_function")
+        .or_insert_with(|| "gelu_new".into());
+    f.insert("n_positions".into(), g.n_positions.into());
+    if f.contains_key("n_ctx") {
+        f.insert("n_ctx".into(), g.n_positions.into());
+    }
+    f.insert("n_embd".into(), g.n_embd.into());
+    f.insert("n_layer".into(), g.n_layer.into());
+    f.insert("n_head".into(), g.n_head.into());
+    if g.n_inner != 4 * g.n_embd || f.get("n_inner").is_some_and(|v| !v.is_null()) {
+        f.insert("n_inner".into(), g.n_inner.into());
+    }
+    f.insert(
+        "layer_norm_epsilon".into(),
+        f32_to_json(g.layer_norm_epsilon),
+    );
+}
+
+fn llama_fields(f: &mut Map<String, Value>, g: &ModelConfig) {
+    f.entry("hidden_act").or_insert_with(|| "silu".into());
+    f.insert("hidden_size".into(), g.n_embd.into());
+    f.insert("intermediate_size".into(), g.n_inner.into());
+    f.insert("num_hidden_layers".into(), g.n_layer.into());
+    f.insert("num_attention_heads".into(), g.n_head.into());
+    f.insert("num_key_value_heads".into(), g.n_kv_head.into());
+    f.insert("head_dim".into(), g.head_dim.into());
+    f.insert("max_position_embeddings".into(), g.n_positions.into());
+    f.insert("rms_norm_eps".into(), f32_to_json(g.layer_norm_epsilon));
+    f.insert("tie_word_embeddings".into(), g.tie_word_embeddings.into());
+    let theta = serde_json::Number::from_f64(g.rope_theta).map_or(Value::Null, Value::Number);
+    match f.get_mut("rope_parameters").and_then(Value::as_object_mut) {
+        // transformers 5.x's place for it.
+        Some(p) => {
+            p.insert("rope_theta".into(), theta);
+            p.entry("rope_type").or_insert_with(|| "default".into());
+        }
+        None => {
+            f.insert("rope_theta".into(), theta);
+        }
+    }
+    match g.family {
+        Family::Qwen2 => {
+            f.insert("use_sliding_window".into(), false.into());
+        }
+        Family::Llama => {
+            f.insert("attention_bias".into(), g.qkv_bias.into());
+            f.insert("mlp_bias".into(), g.mlp_bias.into());
+        }
+        _ => {
+            f.insert("attention_bias".into(), g.qkv_bias.into());
+        }
+    }
+}
+
+/// Layers at most: far beyond any model wgrad trains (GPT-2 XL has 48), and each layer is a
+/// dozen tensors the host lists.
 const MAX_LAYERS: usize = 4096;
 /// Parameters at most: 2^36, whose f32 weights alone (256 GiB) no adapter holds.
 const MAX_PARAMETERS: u128 = 1 << 36;
+/// The activations whose MLP is SwiGLU's silu(gate) * up.
+const SILUS: [&str; 2] = ["silu", "swish"];
 
 /// What a JSON value is, for an error.
 fn json_type(v: &Value) -> String {
@@ -201,11 +214,22 @@ fn typed<'a, T>(
     }
 }
 
-/// A required size field: a whole number from 1 to u32::MAX (ids and positions are u32 on
+/// An optional size field: a whole number from 1 to u32::MAX (ids and positions are u32 on
 /// the GPU).
-fn size(fields: &Map<String, Value>, key: &str) -> std::result::Result<usize, String> {
-    let n = typed(fields, key, Value::as_u64, "a whole number of at least 1")?
-        .ok_or_else(|| format!("missing field `{key}` (a GPT-2 config.json gives it)"))?;
+fn size_or(
+    fields: &Map<String, Value>,
+    key: &str,
+    default: Option<usize>,
+    family: Family,
+) -> std::result::Result<usize, String> {
+    let Some(n) = typed(fields, key, Value::as_u64, "a whole number of at least 1")? else {
+        return default.ok_or_else(|| {
+            format!(
+                "missing field `{key}` (a {} config.json gives it)",
+                family.model_type()
+            )
+        });
+    };
     if n == 0 {
         return Err(format!("field `{key}` is 0; it must be at least 1"));
     }
@@ -218,77 +242,262 @@ fn size(fields: &Map<String, Value>, key: &str) -> std::result::Result<usize, St
     Ok(n as usize)
 }
 
-/// An optional finite f32 field, positive (or, unless `positive`, zero too); its default when
-/// absent.
-fn float(
+/// A required size field.
+fn size(
     fields: &Map<String, Value>,
     key: &str,
-    default: f32,
+    family: Family,
+) -> std::result::Result<usize, String> {
+    size_or(fields, key, None, family)
+}
+
+/// An optional finite float field, positive (or, unless `positive`, zero too); its default
+/// when absent.
+fn float64(
+    fields: &Map<String, Value>,
+    key: &str,
+    default: f64,
     positive: bool,
-) -> std::result::Result<f32, String> {
+) -> std::result::Result<f64, String> {
     let Some(x) = typed(fields, key, Value::as_f64, "a number")? else {
         return Ok(default);
     };
-    let x32 = x as f32;
-    let ok = x32.is_finite() && if positive { x32 > 0.0 } else { x32 >= 0.0 };
+    let ok = (x as f32).is_finite() && if positive { x > 0.0 } else { x >= 0.0 };
     if !ok {
         let want = if positive { "positive" } else { "0 or more" };
         return Err(format!(
             "field `{key}` is {x}; it must be a finite f32, {want}"
         ));
     }
-    Ok(x32)
+    Ok(x)
+}
+
+/// `float64` as an f32.
+fn float(
+    fields: &Map<String, Value>,
+    key: &str,
+    default: f32,
+    positive: bool,
+) -> std::result::Result<f32, String> {
+    float64(fields, key, default as f64, positive).map(|x| x as f32)
+}
+
+fn flag(
+    fields: &Map<String, Value>,
+    key: &str,
+    default: bool,
+) -> std::result::Result<bool, String> {
+    Ok(typed(fields, key, Value::as_bool, "true or false")?.unwrap_or(default))
+}
+
+/// The family config.json describes: `model_type`, else the first of `architectures`, else
+/// GPT-2 (older GPT-2 files give neither).
+fn family_of(fields: &Map<String, Value>) -> std::result::Result<Family, String> {
+    let known = || {
+        Family::ALL
+            .iter()
+            .map(|f| f.model_type())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if let Some(t) = typed(fields, "model_type", Value::as_str, "a string")? {
+        return Family::from_model_type(t).ok_or_else(|| {
+            format!(
+                "model_type is `{t}`; wgrad trains these model types: {}",
+                known()
+            )
+        });
+    }
+    let first = typed(
+        fields,
+        "architectures",
+        Value::as_array,
+        "an array of class names",
+    )?
+    .and_then(|a| a.first())
+    .and_then(Value::as_str);
+    match first {
+        Some(a) => Family::from_architecture(a).ok_or_else(|| {
+            format!(
+                "architectures names `{a}`, and there is no model_type; wgrad trains these \
+                 model types: {}",
+                known()
+            )
+        }),
+        None => Ok(Family::Gpt2),
+    }
 }
 
 /// The fields wgrad's model reads, each checked for its type.
-fn read_fields(fields: &Map<String, Value>) -> std::result::Result<Gpt2Config, String> {
-    Ok(Gpt2Config {
-        vocab_size: size(fields, "vocab_size")?,
-        n_positions: size(fields, "n_positions")?,
-        n_embd: size(fields, "n_embd")?,
-        n_layer: size(fields, "n_layer")?,
-        n_head: size(fields, "n_head")?,
-        layer_norm_epsilon: float(fields, "layer_norm_epsilon", 1e-5, true)?,
+fn read_fields(fields: &Map<String, Value>) -> std::result::Result<ModelConfig, String> {
+    let family = family_of(fields)?;
+    if family == Family::Gpt2 {
+        return read_gpt2(fields);
+    }
+    read_llama(fields, family)
+}
+
+fn read_gpt2(fields: &Map<String, Value>) -> std::result::Result<ModelConfig, String> {
+    let g = Family::Gpt2;
+    let n_embd = size(fields, "n_embd", g)?;
+    let n_head = size(fields, "n_head", g)?;
+    let mut c = ModelConfig::gpt2(
+        size(fields, "vocab_size", g)?,
+        size(fields, "n_positions", g)?,
+        n_embd,
+        size(fields, "n_layer", g)?,
+        n_head,
+    );
+    if !n_embd.is_multiple_of(n_head) {
+        return Err(format!(
+            "n_head {n_head} does not divide n_embd {n_embd} (fields `n_head`, `n_embd`)"
+        ));
+    }
+    c.n_inner = size_or(fields, "n_inner", Some(4 * n_embd), g)?;
+    c.layer_norm_epsilon = float(fields, "layer_norm_epsilon", 1e-5, true)?;
+    c.initializer_range = float(fields, "initializer_range", 0.02, false)?;
+    if let Some(act) = typed(fields, "activation_function", Value::as_str, "a string")? {
+        if !TANH_GELUS.contains(&act) {
+            return Err(format!(
+                "activation_function `{act}` is not supported; wgrad computes the tanh \
+                 GELU ({})",
+                TANH_GELUS.join(", ")
+            ));
+        }
+    }
+    let unsupported = [
+        (
+            "tie_word_embeddings",
+            false,
+            "wgrad ties GPT-2's lm_head to wte",
+        ),
+        (
+            "scale_attn_weights",
+            false,
+            "wgrad scales attention by 1/sqrt(D)",
+        ),
+        ("scale_attn_by_inverse_layer_idx", true, "not implemented"),
+        ("reorder_and_upcast_attn", true, "not implemented"),
+        ("add_cross_attention", true, "wgrad's GPT-2 is decoder-only"),
+    ];
+    for (field, value, why) in unsupported {
+        if typed(fields, field, Value::as_bool, "true or false")? == Some(value) {
+            return Err(format!("{field}: {value} is not supported ({why})"));
+        }
+    }
+    Ok(c)
+}
+
+/// rope_theta where transformers 4.x writes it (top level, with `rope_scaling`) or 5.x does
+/// (`rope_parameters`); any scaling but the default is refused.
+fn read_rope(fields: &Map<String, Value>) -> std::result::Result<f64, String> {
+    let mut theta = float64(fields, "rope_theta", 10000.0, true)?;
+    for key in ["rope_scaling", "rope_parameters"] {
+        let Some(p) = typed(fields, key, Value::as_object, "an object")? else {
+            continue;
+        };
+        let kind = typed(p, "rope_type", Value::as_str, "a string")?
+            .or(typed(p, "type", Value::as_str, "a string")?)
+            .unwrap_or("default");
+        if kind != "default" {
+            return Err(format!(
+                "field `{key}` asks for rope type `{kind}`; wgrad implements the default \
+                 rotary embedding only"
+            ));
+        }
+        if p.contains_key("rope_theta") {
+            theta =
+                float64(p, "rope_theta", theta, true).map_err(|e| format!("{e} (in `{key}`)"))?;
+        }
+    }
+    Ok(theta)
+}
+
+fn read_llama(
+    fields: &Map<String, Value>,
+    family: Family,
+) -> std::result::Result<ModelConfig, String> {
+    let n_embd = size(fields, "hidden_size", family)?;
+    let n_head = size(fields, "num_attention_heads", family)?;
+    let n_kv_head = size_or(fields, "num_key_value_heads", Some(n_head), family)?;
+    if !n_head.is_multiple_of(n_kv_head) {
+        return Err(format!(
+            "num_key_value_heads {n_kv_head} does not divide num_attention_heads {n_head} \
+             (each key/value head serves a whole group of query heads)"
+        ));
+    }
+    let head_dim = match typed(fields, "head_dim", Value::as_u64, "a whole number")? {
+        Some(_) => size(fields, "head_dim", family)?,
+        None if n_embd.is_multiple_of(n_head) => n_embd / n_head,
+        None => {
+            return Err(format!(
+                "num_attention_heads {n_head} does not divide hidden_size {n_embd}, and no \
+                 head_dim is given"
+            ))
+        }
+    };
+    if !head_dim.is_multiple_of(2) {
+        return Err(format!(
+            "head_dim {head_dim} is odd; rotary embeddings rotate pairs of dimensions"
+        ));
+    }
+    let act = typed(fields, "hidden_act", Value::as_str, "a string")?.unwrap_or("silu");
+    if !SILUS.contains(&act) {
+        return Err(format!(
+            "hidden_act `{act}` is not supported; wgrad's {} MLP is SwiGLU with silu",
+            family.model_type()
+        ));
+    }
+    if flag(fields, "use_sliding_window", false)? {
+        return Err(
+            "use_sliding_window: true is not supported (wgrad's attention is causal \
+                    over the whole sequence)"
+                .into(),
+        );
+    }
+    let attention_bias = flag(fields, "attention_bias", false)?;
+    Ok(ModelConfig {
+        family,
+        vocab_size: size(fields, "vocab_size", family)?,
+        n_positions: size_or(fields, "max_position_embeddings", Some(2048), family)?,
+        n_embd,
+        n_layer: size(fields, "num_hidden_layers", family)?,
+        n_head,
+        n_kv_head,
+        head_dim,
+        n_inner: size(fields, "intermediate_size", family)?,
+        layer_norm_epsilon: float(fields, "rms_norm_eps", 1e-6, true)?,
         initializer_range: float(fields, "initializer_range", 0.02, false)?,
+        rope_theta: read_rope(fields)?,
+        tie_word_embeddings: flag(fields, "tie_word_embeddings", false)?,
+        // Qwen2's q, k and v always have biases and its o_proj none.
+        qkv_bias: family == Family::Qwen2 || attention_bias,
+        o_bias: family != Family::Qwen2 && attention_bias,
+        mlp_bias: family == Family::Llama && flag(fields, "mlp_bias", false)?,
     })
 }
 
-/// Sizes that no model wgrad runs could have, whatever the adapter: a head size the attention
-/// kernels do not take, more layers or parameters than any adapter holds. (Whether the model
-/// fits this adapter's memory at a batch size is checked where the batch is known.)
-fn check_sizes(g: &Gpt2Config) -> std::result::Result<(), String> {
-    if !g.n_embd.is_multiple_of(g.n_head) {
-        return Err(format!(
-            "n_head {} does not divide n_embd {} (fields `n_head`, `n_embd`)",
-            g.n_head, g.n_embd
-        ));
-    }
-    let head = g.n_embd / g.n_head;
-    if head > MAX_HEAD_DIM {
-        return Err(format!(
-            "fields `n_embd` / `n_head`: a head size of {} / {} = {head} is over {MAX_HEAD_DIM}, \
-             the largest the attention kernels take (use more heads)",
-            g.n_embd, g.n_head
-        ));
-    }
+/// Sizes that no model wgrad runs could have, whatever the adapter: more layers or parameters
+/// than any adapter holds. (Whether the model fits this adapter's memory at a batch size is
+/// checked where the batch is known.)
+fn check_sizes(g: &ModelConfig) -> std::result::Result<(), String> {
     if g.n_layer > MAX_LAYERS {
         return Err(format!(
-            "field `n_layer` is {}, over {MAX_LAYERS} layers",
+            "field `{}` is {}, over {MAX_LAYERS} layers",
+            if g.family.is_llama() {
+                "num_hidden_layers"
+            } else {
+                "n_layer"
+            },
             g.n_layer
         ));
     }
-    let (v, p, c, l) = (
-        g.vocab_size as u128,
-        g.n_positions as u128,
-        g.n_embd as u128,
-        g.n_layer as u128,
-    );
-    let params = (v + p) * c + l * (12 * c * c + 13 * c) + 2 * c;
+    let params = g.parameter_count();
     if params > MAX_PARAMETERS {
         return Err(format!(
-            "fields `vocab_size` {v}, `n_positions` {p}, `n_embd` {c}, `n_layer` {l} make \
-             {params} parameters, over {MAX_PARAMETERS} (2^36, whose f32 weights alone no \
-             adapter holds)"
+            "the sizes make about {params} parameters (vocabulary {}, width {}, {} layers), \
+             over {MAX_PARAMETERS} (2^36, whose f32 weights alone no adapter holds)",
+            g.vocab_size, g.n_embd, g.n_layer
         ));
     }
     Ok(())
@@ -316,7 +525,7 @@ mod tests {
     #[test]
     fn to_json_keeps_unknown_fields_and_writes_hf_ones() {
         let mut c = preset("distilgpt2");
-        c.gpt2.n_layer = 3;
+        c.model.n_layer = 3;
         let v: Value = serde_json::from_str(&c.to_json()).expect("valid JSON");
         assert_eq!(v["n_layer"], 3);
         assert_eq!(v["bos_token_id"], 50256, "unknown fields are kept");
@@ -326,7 +535,7 @@ mod tests {
         // The shortest decimal of the f32, not the f64 widening of it (9.999999747378752e-6).
         assert_eq!(v["layer_norm_epsilon"].as_f64(), Some(1e-5));
         let back = HfConfig::parse("re-read", &c.to_json()).expect("re-reading");
-        assert_eq!(back.gpt2, c.gpt2);
+        assert_eq!(back.model, c.model);
     }
 
     #[test]
@@ -344,7 +553,11 @@ mod tests {
                 "\"model_type\": \"llama\"",
                 "llama",
             ),
-            ("\"n_inner\": null", "\"n_inner\": 100", "n_inner 100"),
+            (
+                "\"model_type\": \"gpt2\"",
+                "\"model_type\": \"bert\"",
+                "model_type is `bert`",
+            ),
             ("\"n_embd\": 128,", "", "missing field `n_embd`"),
         ];
         for (from, to, needle) in cases {
@@ -358,5 +571,114 @@ mod tests {
         let untied = base.replacen('{', "{\"tie_word_embeddings\": false,", 1);
         let err = HfConfig::parse("cfg.json", &untied).expect_err("untied");
         assert!(err.to_string().contains("tie_word_embeddings"), "{err}");
+    }
+
+    fn smollm2_json() -> String {
+        preset("smollm2-135m").to_json()
+    }
+
+    #[test]
+    fn llama_family_configs_read_as_transformers_4_and_5_write_them() {
+        let c = preset("smollm2-135m").model;
+        assert_eq!(c.family, Family::Llama);
+        assert_eq!(
+            (
+                c.n_embd,
+                c.n_layer,
+                c.n_head,
+                c.n_kv_head,
+                c.head_dim,
+                c.n_inner
+            ),
+            (576, 30, 9, 3, 64, 1536)
+        );
+        assert_eq!(c.rope_theta, 100000.0);
+        assert!(c.tie_word_embeddings && !c.qkv_bias && !c.o_bias && !c.mlp_bias);
+        // Round trip, and the keys transformers reads.
+        let text = smollm2_json();
+        let v: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(v["architectures"][0], "LlamaForCausalLM");
+        assert_eq!(v["num_key_value_heads"], 3);
+        assert_eq!(HfConfig::parse("again", &text).expect("re-read").model, c);
+        // transformers 5.x: rope_theta under rope_parameters.
+        let mut fields: Map<String, Value> = serde_json::from_str(&text).expect("JSON");
+        fields.remove("rope_theta");
+        fields.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_theta": 500000.0, "rope_type": "default"}),
+        );
+        let v5 = serde_json::to_string(&fields).expect("JSON");
+        let c5 = HfConfig::parse("v5", &v5).expect("5.x config").model;
+        assert_eq!(c5.rope_theta, 500000.0);
+        let again: Value =
+            serde_json::from_str(&HfConfig::parse("v5", &v5).unwrap().to_json()).expect("JSON");
+        assert_eq!(again["rope_parameters"]["rope_theta"], 500000.0);
+        assert!(
+            again.get("rope_theta").is_none(),
+            "written where it was read"
+        );
+        // Qwen2: q/k/v biases, none on o_proj; head_dim from the sizes.
+        let mut q = fields.clone();
+        q.insert("model_type".into(), "qwen2".into());
+        q.remove("head_dim");
+        let q = HfConfig::parse("qwen2", &serde_json::to_string(&q).unwrap())
+            .expect("qwen2")
+            .model;
+        assert_eq!(q.family, Family::Qwen2);
+        assert!(q.qkv_bias && !q.o_bias);
+        assert_eq!(q.head_dim, 64);
+        // Saved f32 weights are declared f32.
+        let mut bf = fields.clone();
+        bf.insert("torch_dtype".into(), "bfloat16".into());
+        let out: Value = serde_json::from_str(
+            &HfConfig::parse("bf16", &serde_json::to_string(&bf).unwrap())
+                .unwrap()
+                .to_json(),
+        )
+        .unwrap();
+        assert_eq!(out["torch_dtype"], "float32");
+    }
+
+    #[test]
+    fn llama_family_faults_name_their_field_before_any_weight_is_read() {
+        let base: Map<String, Value> = serde_json::from_str(&smollm2_json()).expect("JSON");
+        let cases: [(&str, Value, &str); 9] = [
+            (
+                "num_key_value_heads",
+                4.into(),
+                "num_key_value_heads 4 does not divide",
+            ),
+            ("model_type", "mamba".into(), "model_type is `mamba`"),
+            ("hidden_act", "gelu".into(), "hidden_act `gelu`"),
+            (
+                "rope_scaling",
+                serde_json::json!({"rope_type": "yarn", "factor": 4.0}),
+                "rope type `yarn`",
+            ),
+            ("use_sliding_window", true.into(), "use_sliding_window"),
+            ("head_dim", 63.into(), "head_dim 63 is odd"),
+            ("num_attention_heads", 0.into(), "num_attention_heads"),
+            ("rope_theta", (-1.0).into(), "rope_theta"),
+            ("intermediate_size", "big".into(), "intermediate_size"),
+        ];
+        for (field, value, needle) in cases {
+            let mut f = base.clone();
+            f.insert(field.into(), value);
+            let err = HfConfig::parse("cfg.json", &serde_json::to_string(&f).unwrap())
+                .expect_err(needle)
+                .to_string();
+            assert!(
+                err.contains("cfg.json") && err.contains(needle),
+                "{field}: {err}"
+            );
+        }
+        let mut f = base.clone();
+        f.remove("head_dim");
+        f.insert("num_attention_heads".into(), 7.into());
+        f.insert("num_key_value_heads".into(), 7.into());
+        let err = HfConfig::parse("cfg.json", &serde_json::to_string(&f).unwrap())
+            .expect_err("7 heads of 576")
+            .to_string();
+        assert!(err.contains("does not divide hidden_size 576"), "{err}");
     }
 }

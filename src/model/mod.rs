@@ -38,7 +38,8 @@ pub use generate::{check_request, generate, Generator, KvCache, Sampling};
 pub use hf_config::HfConfig;
 pub(crate) use input_file::refuse_non_regular;
 pub use safetensors_io::{
-    check_weights, load_pretrained, load_weights, save_pretrained, WEIGHTS_FILE,
+    check_weights, load_pretrained, load_pretrained_with, load_weights, save_pretrained,
+    weight_files, WeightsRead, WEIGHTS_FILE, WEIGHTS_INDEX_FILE,
 };
 pub use tokenizer::{FileSource, Tokenizer, TokenizerFile};
 

@@ -1,15 +1,17 @@
-//! Hugging Face GPT-2 weights in safetensors, in and out of `Parameters`.
+//! Hugging Face weights in safetensors, in and out of `Parameters`.
 //!
-//! Names are Hugging Face's (`Gpt2Config::param_specs`), read with or without the
-//! `transformer.` prefix that `GPT2LMHeadModel` adds. GPT-2's Conv1D stores its weights
-//! [in, out], e.g. `h.{i}.attn.c_attn.weight` (C, 3C), the layout wgrad multiplies with: no
-//! transpose anywhere. Tolerated and skipped: `lm_head.weight` when it is `wte.weight`'s copy
-//! (wgrad ties the two; a head that differs is an error, not silently dropped), and the
-//! causal-mask buffers `h.{i}.attn.bias` / `h.{i}.attn.masked_bias` older files carry. f32,
-//! f16, bf16 and f64 tensors load (converted to f32); saved files are f32 without prefix,
-//! loadable by `GPT2LMHeadModel.from_pretrained(dir)`. A parameter `Parameters` stores as row
-//! shards (wte over the storage-binding limit) is one tensor in the file, split on load and
-//! concatenated on save.
+//! Names are Hugging Face's (`ModelConfig::hf_tensors`), read with or without the prefix the
+//! model class adds (`transformer.` for GPT-2, `model.` for the Llama family), from
+//! `model.safetensors` or the shards `model.safetensors.index.json` lists. GPT-2's Conv1D
+//! stores its weights [in, out] and the Llama family's nn.Linear [out, in], each kept as
+//! stored; the Llama family's q/k/v and gate/up tensors are rows of one wgrad parameter each.
+//! Tolerated and skipped: `lm_head.weight` of a tied model when it is the embedding's copy (a
+//! head that differs is an error, not silently dropped), GPT-2's causal-mask buffers
+//! (`h.{i}.attn.bias` / `h.{i}.attn.masked_bias`) and the rotary `inv_freq` buffers older
+//! files carry. f32, f16, bf16 and f64 tensors load, converted to f32 (wgrad trains f32 master
+//! weights; `WeightsRead` says what the files held); saved files are f32, loadable by
+//! `AutoModelForCausalLM.from_pretrained(dir)`. A parameter `Parameters` stores as row shards
+//! is one tensor in the file, split on load and concatenated on save.
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -27,41 +29,151 @@ use crate::model::atomic::{file_op, sync_file, StagedFiles};
 use crate::model::hf_config::HfConfig;
 use crate::model::input_file::refuse_non_regular;
 use crate::model::tokenizer::Tokenizer;
-use crate::nn::{Gpt2Config, ParamSpec, Parameters};
+use crate::nn::{Family, HfTensor, ModelConfig, Parameters};
 
 pub const WEIGHTS_FILE: &str = "model.safetensors";
+/// The index of a sharded checkpoint: `weight_map` names each tensor's file.
+pub const WEIGHTS_INDEX_FILE: &str = "model.safetensors.index.json";
 const CONFIG_FILE: &str = "config.json";
-const PREFIX: &str = "transformer.";
-/// Tied to `wte.weight` in wgrad: accepted when its shape matches, never loaded.
+/// A tied model's head: accepted when it is the embedding's copy, never loaded.
 const LM_HEAD: &str = "lm_head.weight";
 /// Problems listed in one error at most (a config with the wrong n_layer lists dozens).
 const MAX_LISTED: usize = 40;
+/// Shard files of one checkpoint at most.
+const MAX_SHARDS: usize = 4096;
 
-/// Reads `dir`'s config.json, checks `dir/model.safetensors` against it (header, names,
-/// shapes, dtypes: nothing is allocated on `device` for a file that does not match), then
-/// allocates the parameters on `device` and loads the weights into them.
+/// What a load read: the files and the stored dtypes (converted to f32 on load).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WeightsRead {
+    pub files: Vec<PathBuf>,
+    /// Each stored dtype with its count of tensors, e.g. ("BF16", 272).
+    pub dtypes: Vec<(String, usize)>,
+}
+
+impl WeightsRead {
+    /// "bf16 (272 tensors), converted to f32" or "f32".
+    pub fn describe(&self) -> String {
+        let kinds: Vec<String> = self
+            .dtypes
+            .iter()
+            .map(|(d, n)| format!("{} ({n} tensors)", d.to_lowercase()))
+            .collect();
+        let converted = self.dtypes.iter().any(|(d, _)| d != "F32");
+        let files = match self.files.len() {
+            1 => String::new(),
+            n => format!(" in {n} shards"),
+        };
+        format!(
+            "{}{files}{}",
+            kinds.join(", "),
+            if converted { ", converted to f32" } else { "" }
+        )
+    }
+}
+
+/// Reads `dir`'s config.json, checks its weights (model.safetensors, or the shards of
+/// model.safetensors.index.json) against it (headers, names, shapes, dtypes: nothing is
+/// allocated on `device` for files that do not match), then allocates the parameters on
+/// `device` and loads the weights into them.
 pub fn load_pretrained(device: &Device, dir: &Path) -> Result<(HfConfig, Parameters)> {
+    load_pretrained_with(device, dir).map(|(c, p, _)| (c, p))
+}
+
+/// `load_pretrained`, also saying what it read.
+pub fn load_pretrained_with(
+    device: &Device,
+    dir: &Path,
+) -> Result<(HfConfig, Parameters, WeightsRead)> {
     let config = HfConfig::read(&dir.join(CONFIG_FILE))?;
-    let specs = config.gpt2.param_specs();
-    let path = dir.join(WEIGHTS_FILE);
-    let map = map_file(&path)?;
-    let found = checked_tensors(&path, &map, &specs)?;
-    let params = Parameters::new(device, &specs)?;
-    upload(&params, &found)?;
-    params.check_finite(&path.display().to_string())?;
-    Ok((config, params))
+    let files = weight_files(dir)?;
+    let maps = files
+        .iter()
+        .map(|f| map_file(f))
+        .collect::<Result<Vec<_>>>()?;
+    let found = checked_tensors(&files, &maps, &config.model)?;
+    let params = Parameters::new(device, &config.model.param_specs())?;
+    upload(&params, &config.model, &found)?;
+    let shown = files
+        .first()
+        .map_or(String::new(), |f| f.display().to_string());
+    params.check_finite(&shown)?;
+    let read = weights_read(files, &found);
+    Ok((config, params, read))
 }
 
-/// Checks the safetensors file `path` against the model `config` describes, as loading it
-/// would, without a GPU: an error for a malformed header (lengths, offsets, dtypes, shapes,
-/// duplicated names) or any missing, unexpected, misshaped or unconvertible tensor.
-pub fn check_weights(path: &Path, config: &Gpt2Config) -> Result<()> {
-    let map = map_file(path)?;
-    checked_tensors(path, &map, &config.param_specs()).map(drop)
+/// Checks the weights of the model `config` describes in `path` (model.safetensors, or the
+/// index of shards) as loading them would, without a GPU: an error for a malformed header
+/// (lengths, offsets, dtypes, shapes, duplicated names) or any missing, unexpected, misshaped
+/// or unconvertible tensor.
+pub fn check_weights(path: &Path, config: &ModelConfig) -> Result<()> {
+    let files = match path.file_name().and_then(|n| n.to_str()) {
+        Some(WEIGHTS_INDEX_FILE) => shard_files(path)?,
+        _ => vec![path.to_path_buf()],
+    };
+    let maps = files
+        .iter()
+        .map(|f| map_file(f))
+        .collect::<Result<Vec<_>>>()?;
+    checked_tensors(&files, &maps, config).map(drop)
 }
 
-/// A causal-mask buffer of an attention layer (`h.{i}.attn.bias`, `h.{i}.attn.masked_bias`).
-fn is_mask_buffer(name: &str) -> bool {
+/// The weight files of a model directory: model.safetensors, else the shards its index lists.
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join(WEIGHTS_FILE);
+    let index = dir.join(WEIGHTS_INDEX_FILE);
+    if single.exists() || !index.exists() {
+        return Ok(vec![single]);
+    }
+    shard_files(&index)
+}
+
+/// The shard files an index names (its `weight_map`'s values), in first-named order, each in
+/// the index's directory.
+fn shard_files(index: &Path) -> Result<Vec<PathBuf>> {
+    let shown = index.display().to_string();
+    let bad = |reason: String| Error::ModelFile {
+        path: shown.clone(),
+        reason,
+    };
+    let bytes = crate::model::input_file::read_regular(index, WEIGHTS_INDEX_FILE)?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| bad(format!("not JSON: {e}")))?;
+    let map = json
+        .get("weight_map")
+        .and_then(serde_json::Value::as_object)
+        .ok_or_else(|| bad("no `weight_map` object naming each tensor's file".into()))?;
+    let dir = index.parent().unwrap_or(Path::new("."));
+    let mut files: Vec<PathBuf> = Vec::new();
+    for (tensor, file) in map {
+        let name = file
+            .as_str()
+            .filter(|f| !f.is_empty() && Path::new(f).file_name() == Some(std::ffi::OsStr::new(f)))
+            .ok_or_else(|| {
+                bad(format!(
+                    "`weight_map` gives tensor `{tensor}` the file {file}, not a file name in \
+                     the index's directory"
+                ))
+            })?;
+        let path = dir.join(name);
+        if !files.contains(&path) {
+            if files.len() == MAX_SHARDS {
+                return Err(bad(format!("more than {MAX_SHARDS} shard files")));
+            }
+            files.push(path);
+        }
+    }
+    if files.is_empty() {
+        return Err(bad("`weight_map` is empty".into()));
+    }
+    Ok(files)
+}
+
+/// A buffer of a checkpoint that is no parameter: GPT-2's causal masks (`h.{i}.attn.bias`,
+/// `h.{i}.attn.masked_bias`) and the rotary inverse frequencies (`...rotary_emb.inv_freq`).
+fn is_buffer(family: Family, name: &str) -> bool {
+    if family.is_llama() {
+        return name.ends_with("rotary_emb.inv_freq");
+    }
     let Some(rest) = name.strip_prefix("h.") else {
         return false;
     };
@@ -100,14 +212,14 @@ fn convertible(dtype: Dtype) -> bool {
     matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16 | Dtype::F64)
 }
 
-/// Loads the safetensors file `path` into `params` (matched by Hugging Face name). Every
-/// missing, unexpected, misshaped or unconvertible tensor is listed in one error, and nothing
-/// is uploaded unless all of them match.
-pub fn load_weights(params: &Parameters, path: &Path) -> Result<()> {
-    let specs: Vec<ParamSpec> = params.specs().cloned().collect();
-    let map = map_file(path)?;
-    let found = checked_tensors(path, &map, &specs)?;
-    upload(params, &found)
+/// Loads the safetensors file `path` into `params` of the model `config` describes (matched
+/// by Hugging Face name). Every missing, unexpected, misshaped or unconvertible tensor is
+/// listed in one error, and nothing is uploaded unless all of them match.
+pub fn load_weights(params: &Parameters, config: &ModelConfig, path: &Path) -> Result<()> {
+    let files = vec![path.to_path_buf()];
+    let maps = vec![map_file(path)?];
+    let found = checked_tensors(&files, &maps, config)?;
+    upload(params, config, &found)
 }
 
 /// `path` mapped into memory: a regular file of 8 bytes at least.
@@ -134,24 +246,33 @@ fn map_file(path: &Path) -> Result<Mmap> {
     unsafe { Mmap::map(&file) }.map_err(io)
 }
 
-/// The file's tensor for every spec, after checking the header (`header_fault`, then the
-/// safetensors crate's own checks of lengths, offsets and shapes) and every tensor.
+/// The files' tensor for every Hugging Face name of `config`, after checking each header
+/// (`header_fault`, then the safetensors crate's own checks of lengths, offsets and shapes) and
+/// every tensor.
 fn checked_tensors<'a>(
-    path: &Path,
-    bytes: &'a [u8],
-    specs: &[ParamSpec],
+    files: &[PathBuf],
+    maps: &'a [Mmap],
+    config: &ModelConfig,
 ) -> Result<HashMap<String, TensorView<'a>>> {
-    let shown = path.display().to_string();
-    let bad = |reason: String| Error::ModelFile {
-        path: shown.clone(),
-        reason,
-    };
-    if let Some(fault) = header_fault(bytes) {
-        return Err(bad(fault));
+    let shown = files
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut all = Vec::new();
+    for (path, bytes) in files.iter().zip(maps) {
+        let bad = |reason: String| Error::ModelFile {
+            path: path.display().to_string(),
+            reason,
+        };
+        if let Some(fault) = header_fault(bytes) {
+            return Err(bad(fault));
+        }
+        let st = SafeTensors::deserialize(bytes)
+            .map_err(|e| bad(format!("not a complete, valid safetensors file ({e})")))?;
+        all.extend(st.tensors());
     }
-    let st = SafeTensors::deserialize(bytes)
-        .map_err(|e| bad(format!("not a complete, valid safetensors file ({e})")))?;
-    match_tensors(&st, specs).map_err(|mut problems| {
+    match_tensors(all, config).map_err(|mut problems| {
         let total = problems.len();
         if total > MAX_LISTED {
             problems.truncate(MAX_LISTED);
@@ -164,12 +285,46 @@ fn checked_tensors<'a>(
     })
 }
 
-/// Writes every matched tensor into `params`, converted to f32.
-fn upload(params: &Parameters, found: &HashMap<String, TensorView<'_>>) -> Result<()> {
+/// Writes every matched tensor into its rows of `params`, converted to f32.
+fn upload(
+    params: &Parameters,
+    config: &ModelConfig,
+    found: &HashMap<String, TensorView<'_>>,
+) -> Result<()> {
+    let tensors = config.hf_tensors();
     for spec in params.specs() {
-        params.write(&spec.name, &to_f32(&found[&spec.name]))?;
+        let parts: Vec<&HfTensor> = tensors.iter().filter(|t| t.param == spec.name).collect();
+        if let [whole] = parts.as_slice() {
+            params.write(&spec.name, &to_f32(&found[&whole.name]))?;
+            continue;
+        }
+        let cols: usize = spec.shape[1..].iter().product();
+        let mut data = vec![0f32; spec.shape.iter().product()];
+        for t in parts {
+            let at = t.first_row * cols;
+            let values = to_f32(&found[&t.name]);
+            data[at..at + values.len()].copy_from_slice(&values);
+        }
+        params.write(&spec.name, &data)?;
     }
     Ok(())
+}
+
+/// What `found` held, for the load's report.
+fn weights_read(files: Vec<PathBuf>, found: &HashMap<String, TensorView<'_>>) -> WeightsRead {
+    let mut counts: Vec<(String, usize)> = Vec::new();
+    for view in found.values() {
+        let d = format!("{:?}", view.dtype());
+        match counts.iter_mut().find(|(k, _)| *k == d) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((d, 1)),
+        }
+    }
+    counts.sort();
+    WeightsRead {
+        files,
+        dtypes: counts,
+    }
 }
 
 /// What the safetensors crate lets pass in a header and wgrad refuses: a name given twice
@@ -214,25 +369,27 @@ impl<'de> Deserialize<'de> for UniqueKeys {
     }
 }
 
-/// The file's tensor for every parameter (by Hugging Face name), or every problem found: a
-/// missing, unexpected, misshaped, duplicated or non-float tensor, or an `lm_head.weight` that
-/// is not `wte.weight`'s copy.
+/// The files' tensor for every Hugging Face name of `config`, or every problem found: a
+/// missing, unexpected, misshaped, duplicated or non-float tensor, or a tied model's
+/// `lm_head.weight` that is not the embedding's copy.
 fn match_tensors<'a>(
-    st: &SafeTensors<'a>,
-    specs: &[ParamSpec],
+    mut file_tensors: Vec<(String, TensorView<'a>)>,
+    config: &ModelConfig,
 ) -> std::result::Result<HashMap<String, TensorView<'a>>, Vec<String>> {
-    let expected: HashMap<&str, &[usize]> = specs
+    let hf = config.hf_tensors();
+    let expected: HashMap<&str, &[usize]> = hf
         .iter()
-        .map(|s| (s.name.as_str(), s.shape.as_slice()))
+        .map(|t| (t.name.as_str(), t.shape.as_slice()))
         .collect();
+    let prefix = config.family.file_prefix();
+    let embedding = config.embedding();
     let mut problems = Vec::new();
     let mut reported = HashSet::new(); // HF names already in a problem: not "missing" too
     let mut found: HashMap<String, (String, TensorView<'a>)> = HashMap::new();
     let mut lm_head = None;
-    let mut file_tensors = st.tensors();
     file_tensors.sort_by(|a, b| a.0.cmp(&b.0));
     for (file_name, view) in file_tensors {
-        let name = file_name.strip_prefix(PREFIX).unwrap_or(&file_name);
+        let name = file_name.strip_prefix(prefix).unwrap_or(&file_name);
         let shape = view.shape().to_vec();
         if let Some((&hf_name, want)) = expected.get_key_value(name) {
             if shape != *want {
@@ -254,38 +411,38 @@ fn match_tensors<'a>(
             } else {
                 found.insert(hf_name.to_string(), (file_name.clone(), view));
             }
-        } else if name == LM_HEAD {
-            let wte = expected.get("wte.weight").copied().unwrap_or(&[]);
-            if shape != wte || !convertible(view.dtype()) {
+        } else if name == LM_HEAD && config.tie_word_embeddings {
+            let table = expected.get(embedding).copied().unwrap_or(&[]);
+            if shape != table || !convertible(view.dtype()) {
                 problems.push(format!(
-                    "`{file_name}` {shape:?} {:?} cannot be tied to `wte.weight` {wte:?} (wgrad \
-                     ties the output projection to the token embedding)",
+                    "`{file_name}` {shape:?} {:?} cannot be tied to `{embedding}` {table:?} \
+                     (config.json ties the output projection to the token embedding)",
                     view.dtype()
                 ));
             } else {
                 lm_head = Some((file_name.clone(), view));
             }
-        } else if !is_mask_buffer(name) {
+        } else if !is_buffer(config.family, name) {
             problems.push(format!("unexpected tensor `{file_name}` {shape:?}"));
         }
     }
-    if let (Some((head_name, head)), Some((_, wte))) = (&lm_head, found.get("wte.weight")) {
-        let same = if head.dtype() == wte.dtype() {
-            head.data() == wte.data()
+    if let (Some((head_name, head)), Some((_, table))) = (&lm_head, found.get(embedding)) {
+        let same = if head.dtype() == table.dtype() {
+            head.data() == table.data()
         } else {
-            to_f32(head) == to_f32(wte)
+            to_f32(head) == to_f32(table)
         };
         if !same {
             problems.push(format!(
-                "`{head_name}` differs from `wte.weight`: this model's output projection is not \
-                 tied to its embedding, and wgrad's is"
+                "`{head_name}` differs from `{embedding}`: this model's output projection is \
+                 not tied to its embedding, and config.json says it is (tie_word_embeddings)"
             ));
         }
     }
-    for spec in specs {
-        let name = spec.name.as_str();
+    for t in &hf {
+        let name = t.name.as_str();
         if !found.contains_key(name) && !reported.contains(name) {
-            problems.push(format!("missing tensor `{name}` {:?}", spec.shape));
+            problems.push(format!("missing tensor `{name}` {:?}", t.shape));
         }
     }
     if problems.is_empty() {
@@ -341,7 +498,8 @@ pub(crate) fn stage_pretrained(
     tokenizer: Option<&Tokenizer>,
 ) -> Result<PathBuf> {
     let dir = staged.dir().to_path_buf();
-    let specs = config.gpt2.param_specs();
+    let model = &config.model;
+    let specs = model.param_specs();
     for spec in &specs {
         match params.specs().find(|s| s.name == spec.name) {
             Some(s) if s.shape == spec.shape => {}
@@ -354,17 +512,34 @@ pub(crate) fn stage_pretrained(
             }
         }
     }
-    let mut tensors = Vec::with_capacity(specs.len());
+    // GPT-2's names are saved without prefix (as wgrad always has); the Llama family's with
+    // `model.`, as transformers writes them (its loader then needs no guess).
+    let prefix = match model.family {
+        Family::Gpt2 => "",
+        family => family.file_prefix(),
+    };
+    let hf = model.hf_tensors();
+    let mut tensors = Vec::with_capacity(hf.len());
     for spec in &specs {
         // Whole: a parameter stored as row shards is saved as one tensor.
-        let bytes = bytemuck::cast_slice(&params.read(&spec.name)?).to_vec();
-        tensors.push((
-            spec.name.clone(),
-            HostTensor {
-                shape: spec.shape.clone(),
-                bytes,
-            },
-        ));
+        let values = params.read(&spec.name)?;
+        let cols: usize = spec.shape[1..].iter().product();
+        for t in hf.iter().filter(|t| t.param == spec.name) {
+            let at = t.first_row * cols;
+            let rows = &values[at..at + t.shape.iter().product::<usize>()];
+            let name = if t.name == ModelConfig::LM_HEAD {
+                t.name.clone()
+            } else {
+                format!("{prefix}{}", t.name)
+            };
+            tensors.push((
+                name,
+                HostTensor {
+                    shape: t.shape.clone(),
+                    bytes: bytemuck::cast_slice(rows).to_vec(),
+                },
+            ));
+        }
     }
 
     let config_json = config.to_json();

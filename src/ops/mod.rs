@@ -4,6 +4,7 @@
 mod attention;
 mod autocast;
 mod cast;
+mod cat;
 mod create;
 mod cross_entropy;
 mod elementwise;

@@ -16,10 +16,10 @@ use crate::config::Precision;
 use crate::error::{Error, Result};
 use crate::graph::{Device, Tensor};
 use crate::model::{
-    eval_batch_size, load_pretrained, mean_loss, read_train_state, save_checkpoint, BatchSampler,
-    EvalReport, HfConfig, TokenDataset, Tokenizer, TrainState,
+    eval_batch_size, load_pretrained_with, mean_loss, read_train_state, save_checkpoint,
+    BatchSampler, EvalReport, HfConfig, TokenDataset, Tokenizer, TrainState, WeightsRead,
 };
-use crate::nn::Gpt2;
+use crate::nn::Decoder;
 use crate::ops::{launch_copy, Out};
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::train::Trainer;
@@ -36,13 +36,21 @@ pub use out_dir::{saved_run_id, OutDir, OutPolicy, LOCK_FILE};
 pub use options::{check_options, MAX_GRAD_ACCUM, MAX_TOKENS_PER_STEP};
 pub use options::{ModelSource, OptionFlags, Schedule, TrainOptions};
 
-/// A Hugging Face GPT-2 directory on `device`: its config (checked against the weights), the
+/// A Hugging Face model directory on `device`: its config (checked against the weights), the
 /// model and its tokenizer.
-pub fn load_model(device: &Device, dir: &Path) -> Result<(HfConfig, Gpt2, Tokenizer)> {
-    let (config, params) = load_pretrained(device, dir)?;
+pub fn load_model(device: &Device, dir: &Path) -> Result<(HfConfig, Decoder, Tokenizer)> {
+    load_model_with(device, dir).map(|(c, m, t, _)| (c, m, t))
+}
+
+/// `load_model`, also saying what the weight files held.
+pub fn load_model_with(
+    device: &Device,
+    dir: &Path,
+) -> Result<(HfConfig, Decoder, Tokenizer, WeightsRead)> {
+    let (config, params, read) = load_pretrained_with(device, dir)?;
     let tokenizer = Tokenizer::for_model(dir, &config)?;
-    let model = Gpt2::from_params(config.gpt2.clone(), params);
-    Ok((config, model, tokenizer))
+    let model = Decoder::from_params(config.model.clone(), params)?;
+    Ok((config, model, tokenizer, read))
 }
 
 /// What a run does besides training: evaluate, save.
@@ -155,6 +163,9 @@ pub struct TrainSession {
     run_id: String,
     /// The checkpoint directory this session resumed.
     resumed_from: Option<PathBuf>,
+    /// What the weight files held, for a model loaded from a directory (trained as f32 master
+    /// weights whatever they held).
+    pub weights_read: Option<WeightsRead>,
 }
 
 /// An error unless `device` runs with the precision the checkpoint in `dir` was trained with
@@ -184,31 +195,36 @@ impl TrainSession {
     /// A new run: the model (fresh preset weights or a directory's), the data tokenized (or
     /// read from its cache), the optimizer.
     pub fn new(device: &Device, options: TrainOptions) -> Result<TrainSession> {
+        let mut weights_read = None;
         let (config, model, tokenizer) = match &options.model {
             ModelSource::Preset(name) => {
                 let preset = crate::assets::Preset::named(name)?;
                 let config = preset.config()?;
-                check_options(&options, config.gpt2.n_positions)?;
-                crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
+                check_options(&options, config.model.n_positions)?;
+                crate::memory::check_fits(device, &config.model, (&options).into())?;
                 let tokenizer = preset.tokenizer()?;
-                let model = Gpt2::new(device, config.gpt2.clone(), options.seed)?;
+                let model = Decoder::new(device, config.model.clone(), options.seed)?;
                 (config, model, tokenizer)
             }
             ModelSource::Dir(dir) => {
                 let config = HfConfig::read(&dir.join("config.json"))?;
-                check_options(&options, config.gpt2.n_positions)?;
-                crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
-                load_model(device, dir)?
+                check_options(&options, config.model.n_positions)?;
+                crate::memory::check_fits(device, &config.model, (&options).into())?;
+                let (config, model, tokenizer, read) = load_model_with(device, dir)?;
+                weights_read = Some(read);
+                (config, model, tokenizer)
             }
         };
         let data = TokenDataset::load(&options.data, &tokenizer)?;
-        TrainSession::assemble(options, config, model, tokenizer, data)
+        let mut session = TrainSession::assemble(options, config, model, tokenizer, data)?;
+        session.weights_read = weights_read;
+        Ok(session)
     }
 
     fn assemble(
         options: TrainOptions,
         config: HfConfig,
-        mut model: Gpt2,
+        mut model: Decoder,
         tokenizer: Tokenizer,
         data: TokenDataset,
     ) -> Result<TrainSession> {
@@ -251,6 +267,7 @@ impl TrainSession {
             data_fingerprint,
             run_id: new_run_id(),
             resumed_from: None,
+            weights_read: None,
         })
     }
 
@@ -280,8 +297,8 @@ impl TrainSession {
             });
         }
         let config = HfConfig::read(&dir.join("config.json"))?;
-        check_options(&options, config.gpt2.n_positions)?;
-        crate::memory::check_fits(device, &config.gpt2, (&options).into())?;
+        check_options(&options, config.model.n_positions)?;
+        crate::memory::check_fits(device, &config.model, (&options).into())?;
         let tokenizer = Tokenizer::for_model(dir, &config)?;
         let data = TokenDataset::load(&options.data, &tokenizer)?;
         let fingerprint = format!("{:016x}", tokens_fingerprint(data.tokens()));

@@ -10,20 +10,16 @@ use crate::model::save_pretrained;
 use crate::model::test_support::{
     device, file_names as names, gpt2_tokenizer_dir, repo_path, ScratchDir,
 };
-use crate::nn::Gpt2Config;
+use crate::nn::ModelConfig;
 
 /// A model directory of 1.6M parameters (GPT-2's vocabulary, 32 dimensions, one layer).
 fn micro_model(dir: &Path) {
-    let config = Gpt2Config {
-        vocab_size: 50257,
-        n_positions: 16,
-        n_embd: 32,
-        n_layer: 1,
-        n_head: 2,
+    let config = ModelConfig {
         layer_norm_epsilon: 1e-5,
         initializer_range: 0.02,
+        ..ModelConfig::gpt2(50257, 16, 32, 1, 2)
     };
-    let model = Gpt2::new(device(), config.clone(), 1).expect("a model");
+    let model = Decoder::new(device(), config.clone(), 1).expect("a model");
     let tokenizer = Tokenizer::from_dir(&gpt2_tokenizer_dir()).expect("the tokenizer");
     save_pretrained(dir, &HfConfig::new(config), &model.params, Some(&tokenizer)).expect("saving");
 }

@@ -1,18 +1,26 @@
-//! GPT-2: token and position embeddings, pre-LayerNorm blocks (causal self-attention and a
-//! GELU MLP, each with a residual), a final LayerNorm and an LM head tied to the token
-//! embedding. Parameter names and layouts are Hugging Face's (`h.{i}.attn.c_attn.weight` is
-//! (C, 3C): Conv1D stores [in, out], which is what `linear` takes).
+//! The decoder-only language model of every family wgrad trains, its parts picked by the
+//! config (`ModelConfig`, `Family`):
+//!
+//! - GPT-2: token and learned position embeddings, pre-LayerNorm blocks (causal self-attention
+//!   and a GELU MLP, each with a residual), a final LayerNorm and an LM head tied to the token
+//!   embedding. Weights are Conv1D's [in, out] (`h.{i}.attn.c_attn.weight` is (C, 3C)), what
+//!   `linear` takes.
+//! - The Llama family (Llama, Qwen2, Qwen3): token embeddings, pre-RMSNorm blocks (grouped-query
+//!   attention with rotary positions applied inside the attention kernels, a SwiGLU MLP),
+//!   a final RMSNorm and an LM head tied or not. Weights are `nn.Linear`'s [out, in], multiplied
+//!   through a transposed view; q/k/v are one stacked parameter and gate/up another
+//!   (`ModelConfig::hf_tensors`), so each is one product.
 //!
 //! The token embedding (V, C) may be stored as row shards (`Parameters` splits a parameter over
 //! the storage-binding limit: 50257 x 768 f32 is 154 MB, lavapipe binds 128 MiB): the lookup
-//! gathers from every shard (`index_select_shards`) and the tied head multiplies by each
-//! shard into its columns of the logits (`matmul_t_shards`). One shard runs today's kernels.
+//! gathers from every shard (`index_select_shards`) and a tied head multiplies by each shard
+//! into its columns of the logits (`matmul_t_shards`). One shard runs today's kernels.
 
 use crate::config::Float;
 use crate::error::{Error, Result};
 use crate::graph::{DType, Device, Tensor};
-use crate::nn::{Gpt2Config, Parameters};
-use crate::ops::{linear_casts_input, Activation};
+use crate::nn::{Family, ModelConfig, Parameters};
+use crate::ops::{linear_casts_input, Activation, Rope};
 
 /// The training loss's logit rows start this many elements apart (GPT-2's 50,257 classes in
 /// rows of 50,304): the LM head's product then stores whole rows straight from its
@@ -39,27 +47,37 @@ pub enum Kernels {
     Reference,
 }
 
-/// A GPT-2 language model over a `Parameters` store.
-pub struct Gpt2 {
-    pub config: Gpt2Config,
+/// A decoder-only language model over a `Parameters` store.
+pub struct Decoder {
+    pub config: ModelConfig,
     pub params: Parameters,
     pub kernels: Kernels,
     /// Mixed precision (`set_amp`): the matmuls read the weights' f16 copies and run in f16
-    /// with f32 accumulation; the MLP's GELU output and the LayerNorms' outputs (ln_1, ln_2,
-    /// ln_f) are stored as f16 by their kernels (each one's consumer is a matmul that would
-    /// round it to f16 first); LayerNorm statistics, attention, softmax and cross-entropy stay
-    /// f32.
+    /// with f32 accumulation; the MLP's hidden activation (GELU's or SwiGLU's output) and the
+    /// norms' outputs that feed a product are stored as f16 by their kernels (each one's
+    /// consumer is a matmul that would round it to f16 first); norm statistics, attention,
+    /// softmax and cross-entropy stay f32.
     amp: bool,
+    /// The Llama family's rotary table (cos and sin for every position).
+    rope: Option<Rope>,
+    /// A zero bias of width C for the residual products without one (the Llama family's o_proj
+    /// and down_proj): the product's residual epilogue takes a bias. Not a parameter.
+    zero_bias: Option<Tensor>,
 }
 
-impl Gpt2 {
-    /// A model with GPT-2's initialization (normal(0, 0.02); the residual projections scaled by
-    /// 1/sqrt(2 n_layer); LayerNorm weights 1, biases 0), drawn from `seed`.
-    pub fn new(device: &Device, config: Gpt2Config, seed: u64) -> Result<Gpt2> {
+impl Decoder {
+    /// A model with its family's initialization, drawn from `seed`: GPT-2's (normal(0, 0.02),
+    /// the residual projections scaled by 1/sqrt(2 n_layer); LayerNorm weights 1, biases 0) or
+    /// transformers' for the Llama family (every weight and embedding normal(0,
+    /// initializer_range), biases 0, RMSNorm weights 1).
+    pub fn new(device: &Device, config: ModelConfig, seed: u64) -> Result<Decoder> {
         config.validate()?;
         let params = Parameters::new(device, &config.param_specs())?;
         let std = config.initializer_range;
-        let proj_std = std / (2.0 * config.n_layer as f32).sqrt();
+        let proj_std = match config.family {
+            Family::Gpt2 => std / (2.0 * config.n_layer as f32).sqrt(),
+            _ => std,
+        };
         for (k, spec) in params.specs().enumerate() {
             let seed = seed.wrapping_mul(1_000_003).wrapping_add(k as u64);
             let name = spec.name.as_str();
@@ -67,10 +85,7 @@ impl Gpt2 {
             // A split parameter's shards draw their part of the whole one's sequence.
             for shard in params.shards(name).into_iter().flatten() {
                 let t = shard.tensor;
-                if name.ends_with("ln_1.weight")
-                    || name.ends_with("ln_2.weight")
-                    || name == "ln_f.weight"
-                {
+                if is_norm_weight(name) {
                     t.fill_(1.0)?;
                 } else if name.ends_with(".bias") {
                     t.fill_(0.0)?;
@@ -84,22 +99,33 @@ impl Gpt2 {
                 }
             }
         }
-        Ok(Gpt2 {
-            config,
-            params,
-            kernels: Kernels::Fused,
-            amp: false,
-        })
+        Decoder::from_params(config, params)
     }
 
     /// A model over parameters that already hold its weights (loaded from a file).
-    pub fn from_params(config: Gpt2Config, params: Parameters) -> Gpt2 {
-        Gpt2 {
+    pub fn from_params(config: ModelConfig, params: Parameters) -> Result<Decoder> {
+        let device = params.device().clone();
+        let (rope, zero_bias) = if config.family.is_llama() {
+            (
+                Some(Rope::new(
+                    &device,
+                    config.rope_theta,
+                    config.head_dim,
+                    config.n_positions,
+                )?),
+                Some(Tensor::zeros(&device, &[config.n_embd])?),
+            )
+        } else {
+            (None, None)
+        };
+        Ok(Decoder {
             config,
             params,
             kernels: Kernels::Fused,
             amp: false,
-        }
+            rope,
+            zero_bias,
+        })
     }
 
     /// Turns mixed precision on (f16 copies of the weights, made from their current values;
@@ -143,14 +169,17 @@ impl Gpt2 {
                 let gpu = self.params.device().gpu();
                 format!(
                     "parameter `{name}` is split into {} row shards (over the {}-byte storage \
-                     binding limit); only wte may be split",
+                     binding limit); only the embedding and the LM head may be split",
                     shards.len(),
                     gpu.limits.max_storage_buffer_binding_size
                 )
             }
             None => format!("no parameter `{name}`"),
         };
-        Err(Error::InvalidArgument { op: "gpt2", reason })
+        Err(Error::InvalidArgument {
+            op: "model",
+            reason,
+        })
     }
 
     /// Logits (B, T, V) for token ids (B, T) (a u32 tensor), f32.
@@ -163,12 +192,12 @@ impl Gpt2 {
         self.lm_head(&x)
     }
 
-    /// The final hidden states (B, T, C), after ln_f: what the LM head multiplies.
+    /// The final hidden states (B, T, C), after the final norm: what the LM head multiplies.
     fn forward_hidden(&self, ids: &Tensor) -> Result<Tensor> {
         let cfg = &self.config;
         if ids.rank() != 2 {
             return Err(Error::ShapeMismatch {
-                op: "gpt2 forward",
+                op: "model forward",
                 expected: "token ids of shape (B, T)".into(),
                 got: ids.shape().to_vec(),
             });
@@ -176,7 +205,7 @@ impl Gpt2 {
         let (b, t) = (ids.shape()[0], ids.shape()[1]);
         if t > cfg.n_positions {
             return Err(Error::InvalidArgument {
-                op: "gpt2 forward",
+                op: "model forward",
                 reason: format!(
                     "a sequence of {t} tokens is longer than the model's {} positions",
                     cfg.n_positions
@@ -185,36 +214,39 @@ impl Gpt2 {
         }
         let c = cfg.n_embd;
         let flat = ids.reshape(&[b * t])?;
-        let tok = self.embed_tokens(&flat)?; // (B*T, C)
-        let pos = self.p("wpe.weight")?.narrow(0, 0, t)?; // (T, C)
-        let mut x = tok.reshape(&[b, t, c])?.add(&pos)?; // (B, T, C)
+        let mut x = self.embed_tokens(&flat)?.reshape(&[b, t, c])?; // (B, T, C)
+        if cfg.family == Family::Gpt2 {
+            x = x.add(&self.p("wpe.weight")?.narrow(0, 0, t)?)?; // + (T, C)
+        }
         for i in 0..cfg.n_layer {
             x = self.block(i, &x)?;
         }
         // The LM head's (C, V) weight, where it is one linear (`lm_head`, `loss_logits`).
-        let head = (self.wte_shards()?.len() == 1).then_some((c, cfg.vocab_size));
-        self.layer_norm(
-            &x,
-            self.p("ln_f.weight")?,
-            self.p("ln_f.bias")?,
-            cfg.layer_norm_epsilon,
-            head,
-        )
+        let head = (self.head_shards()?.len() == 1).then_some((c, cfg.vocab_size));
+        self.final_norm(&x, head)
+    }
+
+    /// The final norm (ln_f or norm) of x, its output feeding the `next` linear.
+    pub(crate) fn final_norm(&self, x: &Tensor, next: Option<(usize, usize)>) -> Result<Tensor> {
+        match self.config.family {
+            Family::Gpt2 => self.layer_norm(x, "ln_f.weight", "ln_f.bias", next),
+            _ => self.rms_norm(x, "norm.weight", next),
+        }
     }
 
     /// The token embeddings (N, C) of ids (N) (a u32 tensor made from host data, for backward).
     pub fn embed_tokens(&self, ids: &Tensor) -> Result<Tensor> {
-        let shards = self.wte_shards()?;
+        let shards = self.shards_of(self.config.embedding())?;
         let tables: Vec<&Tensor> = shards.iter().map(|s| s.tensor).collect();
         Tensor::index_select_shards(&tables, ids)
     }
 
-    /// The LM head tied to wte: logits (..., V) of x (..., C), f32.
+    /// The LM head: logits (..., V) of x (..., C), f32.
     pub fn lm_head(&self, x: &Tensor) -> Result<Tensor> {
-        let shards = self.wte_shards()?;
+        let shards = self.head_shards()?;
         match shards.as_slice() {
             // (..., C) @ (C, V).
-            [wte] => self.linear(x, &self.w(wte.name)?.t()?, None, Activation::None),
+            [head] => self.linear(x, &self.w(head.name)?.t()?, None, Activation::None),
             _ => {
                 let weights = shards
                     .iter()
@@ -225,54 +257,84 @@ impl Gpt2 {
         }
     }
 
-    /// wte's row shards (one when it fits one storage binding).
-    fn wte_shards(&self) -> Result<Vec<crate::nn::RowShard<'_>>> {
+    /// The LM head's (V, C) weight as row shards (one when it fits one storage binding): the
+    /// token embedding's when tied, else lm_head.weight's.
+    fn head_shards(&self) -> Result<Vec<crate::nn::RowShard<'_>>> {
+        let name = if self.config.tie_word_embeddings {
+            self.config.embedding()
+        } else {
+            ModelConfig::LM_HEAD
+        };
+        self.shards_of(name)
+    }
+
+    fn shards_of(&self, name: &str) -> Result<Vec<crate::nn::RowShard<'_>>> {
         self.params
-            .shards("wte.weight")
+            .shards(name)
             .ok_or_else(|| Error::InvalidArgument {
-                op: "gpt2",
-                reason: "no parameter `wte.weight`".into(),
+                op: "model",
+                reason: format!("no parameter `{name}`"),
             })
     }
 
-    /// One pre-LayerNorm block on x (B, T, C).
-    pub fn block(&self, i: usize, x: &Tensor) -> Result<Tensor> {
-        crate::ops::autocast(self.amp, || self.block_inner(i, x))
+    /// The rotary table (the Llama family).
+    pub(crate) fn rope(&self) -> Option<&Rope> {
+        self.rope.as_ref()
     }
 
-    fn block_inner(&self, i: usize, x: &Tensor) -> Result<Tensor> {
-        let cfg = &self.config;
-        let (b, t, c) = (x.shape()[0], x.shape()[1], cfg.n_embd);
-        let (h, d) = (cfg.n_head, cfg.n_embd / cfg.n_head);
-        let p = |s: &str| self.p(&format!("h.{i}.{s}"));
-        let w = |s: &str| self.w(&format!("h.{i}.{s}"));
-        let eps = cfg.layer_norm_epsilon;
+    /// One pre-norm block on x (B, T, C).
+    pub fn block(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        crate::ops::autocast(self.amp, || match self.config.family {
+            Family::Gpt2 => self.gpt2_block(i, x),
+            _ => self.llama_block(i, x),
+        })
+    }
 
-        let c_attn = w("attn.c_attn.weight")?;
-        let a = self.layer_norm(
-            x,
-            p("ln_1.weight")?,
-            p("ln_1.bias")?,
-            eps,
-            Some((c, c_attn.shape()[1])),
-        )?;
-        // (B, T, 3C); f16 under mixed precision where the attention's kernels read it so
-        // (they round q, k, v to f16 as they load them anyway).
-        let qkv_dtype = if self.amp
+    /// The dtype a fused qkv projection is stored in: f16 under mixed precision where the
+    /// attention's kernels read it so (they round q, k, v to f16 as they load them anyway).
+    fn qkv_dtype(&self, x: &Tensor) -> DType {
+        if self.amp
             && self.kernels == Kernels::Fused
             && crate::ops::attention_stores_half(x.device())
         {
             DType::F16
         } else {
             DType::F32
-        };
+        }
+    }
+
+    /// The MLP's hidden activation's dtype: f16 under mixed precision (its consumer is a
+    /// product that reads f16).
+    fn hidden_dtype(&self) -> DType {
+        if self.amp {
+            DType::F16
+        } else {
+            DType::F32
+        }
+    }
+
+    fn gpt2_block(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t, c) = (x.shape()[0], x.shape()[1], cfg.n_embd);
+        let (h, d) = (cfg.n_head, cfg.head_dim);
+        let n = |s: &str| format!("h.{i}.{s}");
+        let p = |s: &str| self.p(&n(s));
+        let w = |s: &str| self.w(&n(s));
+
+        let c_attn = w("attn.c_attn.weight")?;
+        let a = self.layer_norm(
+            x,
+            &n("ln_1.weight"),
+            &n("ln_1.bias"),
+            Some((c, c_attn.shape()[1])),
+        )?;
         let qkv = self.linear_as(
             &a,
             c_attn,
             Some(p("attn.c_attn.bias")?),
             Activation::None,
-            qkv_dtype,
-        )?;
+            self.qkv_dtype(x),
+        )?; // (B, T, 3C)
         let y = match self.kernels {
             // The heads read in place; dQ, dK, dV written into one (B, T, 3C) gradient.
             Kernels::Fused => qkv.causal_self_attention(h)?,
@@ -293,9 +355,8 @@ impl Gpt2 {
         let c_fc = w("mlp.c_fc.weight")?;
         let m = self.layer_norm(
             &x,
-            p("ln_2.weight")?,
-            p("ln_2.bias")?,
-            eps,
+            &n("ln_2.weight"),
+            &n("ln_2.bias"),
             Some((c, c_fc.shape()[1])),
         )?;
         let m = self.linear_as(
@@ -303,9 +364,103 @@ impl Gpt2 {
             c_fc,
             Some(p("mlp.c_fc.bias")?),
             Activation::Gelu,
-            if self.amp { DType::F16 } else { DType::F32 },
+            self.hidden_dtype(),
         )?; // (B, T, 4C)
         self.linear_residual(&m, w("mlp.c_proj.weight")?, p("mlp.c_proj.bias")?, &x)
+    }
+
+    /// A Llama-family block: x + o_proj(attention(rope(q), rope(k), v)) of RMSNorm(x), then
+    /// + down_proj(silu(gate) * up) of RMSNorm of that.
+    fn llama_block(&self, i: usize, x: &Tensor) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (h, kv, d) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let n = |s: &str| format!("layers.{i}.{s}");
+        let bias = |s: &str| -> Result<Option<&Tensor>> {
+            let name = n(s);
+            Ok(match self.params.get(&name) {
+                Some(_) => Some(self.p(&name)?),
+                None => None,
+            })
+        };
+        // nn.Linear's [out, in] weights, multiplied as (in, out) views.
+        let w = |s: &str| self.w(&n(s))?.t();
+
+        let qkv_w = w("self_attn.qkv_proj.weight")?;
+        let a = self.rms_norm(
+            x,
+            &n("input_layernorm.weight"),
+            Some((cfg.n_embd, cfg.qkv_width())),
+        )?;
+        let qkv = self.linear_as(
+            &a,
+            &qkv_w,
+            bias("self_attn.qkv_proj.bias")?,
+            Activation::None,
+            self.qkv_dtype(x),
+        )?; // (B, T, (H + 2 KV) D)
+        let qkv = match cfg.family {
+            Family::Qwen3 => self.qk_norm(i, &qkv)?,
+            _ => qkv,
+        };
+        let rope = self
+            .rope
+            .as_ref()
+            .expect("the Llama family has a rotary table");
+        let y = match self.kernels {
+            Kernels::Fused => qkv.causal_self_attention_grouped(h, kv, Some(rope))?,
+            Kernels::Reference => grouped_reference(&qkv, (h, kv, d), rope)?,
+        }; // (B, T, H D)
+        let zero = self
+            .zero_bias
+            .as_ref()
+            .expect("the Llama family has a zero bias");
+        let o_bias = bias("self_attn.o_proj.bias")?.unwrap_or(zero);
+        let x = self.linear_residual(&y, &w("self_attn.o_proj.weight")?, o_bias, x)?;
+
+        let gate_up = w("mlp.gate_up_proj.weight")?;
+        let m = self.rms_norm(
+            &x,
+            &n("post_attention_layernorm.weight"),
+            Some((cfg.n_embd, 2 * cfg.n_inner)),
+        )?;
+        let gu = self.linear_as(
+            &m,
+            &gate_up,
+            bias("mlp.gate_up_proj.bias")?,
+            Activation::None,
+            self.hidden_dtype(),
+        )?; // (B, T, 2F)
+        let m = match self.kernels {
+            Kernels::Fused => gu.swiglu_as(self.hidden_dtype())?,
+            Kernels::Reference => gu.swiglu_unfused()?,
+        }; // (B, T, F)
+        let down_bias = bias("mlp.down_proj.bias")?.unwrap_or(zero);
+        self.linear_residual(&m, &w("mlp.down_proj.weight")?, down_bias, &x)
+    }
+
+    /// Qwen3's RMSNorm of each query and key head (q_norm, k_norm over head_dim) in a packed
+    /// (B, T, (H + 2 KV) D) projection, before the rotary embedding; v as it was.
+    pub(crate) fn qk_norm(&self, i: usize, qkv: &Tensor) -> Result<Tensor> {
+        let cfg = &self.config;
+        let (b, t) = (qkv.shape()[0], qkv.shape()[1]);
+        let (h, kv, d) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let heads = |start: usize, count: usize| -> Result<Tensor> {
+            qkv.narrow(2, start * d, count * d)?
+                .contiguous()?
+                .reshape(&[b, t, count, d])
+        };
+        let norm = |x: &Tensor, name: &str| -> Result<Tensor> {
+            let name = format!("layers.{i}.self_attn.{name}");
+            let y = match self.kernels {
+                Kernels::Fused => x.rms_norm(self.p(&name)?, cfg.layer_norm_epsilon)?,
+                Kernels::Reference => x.rms_norm_unfused(self.p(&name)?, cfg.layer_norm_epsilon)?,
+            };
+            y.reshape(&[b, t, x.shape()[2] * d])
+        };
+        let q = norm(&heads(0, h)?, "q_norm.weight")?;
+        let k = norm(&heads(h, kv)?, "k_norm.weight")?;
+        let v = heads(h + kv, kv)?.reshape(&[b, t, kv * d])?;
+        Tensor::cat(&[&q, &k, &v], 2)
     }
 
     /// Mean next-token cross-entropy of `ids` (B, T) against `targets` (B, T).
@@ -343,7 +498,7 @@ impl Gpt2 {
         let hidden = self.forward_hidden(ids)?;
         let c = hidden.shape()[2];
         let hidden = hidden.reshape(&[n, c])?; // (B*T, C)
-        let single = self.wte_shards()?.len() == 1;
+        let single = self.head_shards()?.len() == 1;
         // f16 gradients where the LM head is one matmul under autocast.
         let grad_dtype = if self.amp && single {
             DType::F16
@@ -393,31 +548,47 @@ impl Gpt2 {
     /// The loss's logits (N, V) of hidden states (N, C): `lm_head`, its rows padded to
     /// `LOGIT_ROW_ALIGN` elements and made as `dtype` where wte is one tensor (else f32).
     fn loss_logits(&self, hidden: &Tensor, dtype: DType) -> Result<Tensor> {
-        match self.wte_shards()?.as_slice() {
+        match self.head_shards()?.as_slice() {
             [wte] => hidden.linear_padded_as(&self.w(wte.name)?.t()?, LOGIT_ROW_ALIGN, dtype),
             _ => self.lm_head(hidden),
         }
     }
 
-    /// LayerNorm whose output feeds the linear of a (K, N) weight `next`, where one does: under
-    /// mixed precision with the fused kernels, stored as f16 where that linear would round an
-    /// f32 input to f16 before its product (the same values, without the cast kernel; its
-    /// backward's dW reads this f16 copy). The reference composition stays f32.
+    /// Whether a norm's output feeding the linear of a (K, N) weight `next` is stored f16:
+    /// under mixed precision with the fused kernels, where that linear would round an f32
+    /// input to f16 before its product (the same values, without the cast kernel; its
+    /// backward's dW reads this f16 copy). The reference compositions stay f32.
+    fn norm_dtype(&self, next: Option<(usize, usize)>) -> DType {
+        if self.amp && next.is_some_and(|(k, n)| linear_casts_input(n, k)) {
+            DType::F16
+        } else {
+            DType::F32
+        }
+    }
+
+    /// LayerNorm (weight and bias by name) whose output feeds the `next` linear, if any.
     fn layer_norm(
         &self,
         x: &Tensor,
-        gamma: &Tensor,
-        beta: &Tensor,
-        eps: f32,
+        gamma: &str,
+        beta: &str,
         next: Option<(usize, usize)>,
     ) -> Result<Tensor> {
+        let (gamma, beta) = (self.p(gamma)?, self.p(beta)?);
+        let eps = self.config.layer_norm_epsilon;
         match self.kernels {
-            Kernels::Fused => {
-                let half = self.amp && next.is_some_and(|(k, n)| linear_casts_input(n, k));
-                let dtype = if half { DType::F16 } else { DType::F32 };
-                x.layer_norm_as(gamma, beta, eps, dtype)
-            }
+            Kernels::Fused => x.layer_norm_as(gamma, beta, eps, self.norm_dtype(next)),
             Kernels::Reference => x.layer_norm_unfused(gamma, beta, eps),
+        }
+    }
+
+    /// RMSNorm (weight by name) whose output feeds the `next` linear, if any.
+    fn rms_norm(&self, x: &Tensor, weight: &str, next: Option<(usize, usize)>) -> Result<Tensor> {
+        let weight = self.p(weight)?;
+        let eps = self.config.layer_norm_epsilon;
+        match self.kernels {
+            Kernels::Fused => x.rms_norm_as(weight, eps, self.norm_dtype(next)),
+            Kernels::Reference => x.rms_norm_unfused(weight, eps),
         }
     }
 
@@ -461,4 +632,37 @@ impl Gpt2 {
             Kernels::Reference => x.linear_reference(w, b, act),
         }
     }
+}
+
+/// A norm's weight (initialized to 1): LayerNorm's gamma or RMSNorm's weight.
+fn is_norm_weight(name: &str) -> bool {
+    [
+        "ln_1.weight",
+        "ln_2.weight",
+        "ln_f.weight",
+        "layernorm.weight",
+        "norm.weight",
+    ]
+    .iter()
+    .any(|suffix| name.ends_with(suffix))
+}
+
+/// The grouped attention with rotary embeddings of a packed (B, T, (H + 2 KV) D) projection from
+/// unfused ops: q and k rotated by `rope_reference`, each key/value head serving its H / KV
+/// query heads (`causal_attention_grouped_reference`); (B, T, H D).
+fn grouped_reference(
+    qkv: &Tensor,
+    (h, kv, d): (usize, usize, usize),
+    rope: &Rope,
+) -> Result<Tensor> {
+    let (b, t) = (qkv.shape()[0], qkv.shape()[1]);
+    let split = qkv.reshape(&[b, t, h + 2 * kv, d])?;
+    let heads = |first: usize, n: usize| -> Result<Tensor> {
+        split.narrow(2, first, n)?.permute(&[0, 2, 1, 3])
+    }; // (B, n, T, D) views
+    let q = heads(0, h)?.rope_reference(rope, 0)?;
+    let k = heads(h, kv)?.rope_reference(rope, 0)?;
+    q.causal_attention_grouped_reference(&k, &heads(h + kv, kv)?)? // (B, H, T, D)
+        .permute(&[0, 2, 1, 3])?
+        .reshape(&[b, t, h * d])
 }
