@@ -336,12 +336,39 @@ impl ModelConfig {
         out
     }
 
-    /// Parameters in all (for the size checks; overflow-free in u128).
+    /// Parameters in all, counted from the sizes (no list: a config's n_layer may be absurd),
+    /// in u128, which no product of u32-bounded sizes overflows.
     pub fn parameter_count(&self) -> u128 {
-        self.param_specs()
-            .iter()
-            .map(|s| s.shape.iter().map(|&n| n as u128).product::<u128>())
-            .sum()
+        let [v, p, c, l, f, d] = [
+            self.vocab_size,
+            self.n_positions,
+            self.n_embd,
+            self.n_layer,
+            self.n_inner,
+            self.head_dim,
+        ]
+        .map(|n| n as u128);
+        let (h, kv) = (self.n_head as u128, self.n_kv_head as u128);
+        let (qkv, attn) = ((h + 2 * kv) * d, h * d);
+        let b = |on: bool, n: u128| if on { n } else { 0 };
+        match self.family {
+            Family::Gpt2 => {
+                // LayerNorms (2 x 2C), c_attn, c_proj, c_fc, c_proj with biases.
+                let layer = 4 * c + (c * 3 * c + 3 * c) + (c * c + c) + (c * f + f) + (f * c + c);
+                (v + p) * c + l * layer + 2 * c
+            }
+            _ => {
+                let layer = 2 * c
+                    + qkv * c
+                    + b(self.qkv_bias, qkv)
+                    + b(self.family == Family::Qwen3, 2 * d)
+                    + c * attn
+                    + b(self.o_bias, c)
+                    + 3 * f * c
+                    + b(self.mlp_bias, 2 * f + c);
+                v * c + l * layer + c + b(!self.tie_word_embeddings, v * c)
+            }
+        }
     }
 }
 
@@ -383,6 +410,37 @@ mod tests {
         // SmolLM2-135M: 134,515,008 parameters (tied head).
         assert_eq!(smollm2().parameter_count(), 134_515_008);
         smollm2().validate().expect("valid");
+    }
+
+    #[test]
+    fn parameter_count_is_the_sum_of_the_parameter_list() {
+        let mut configs = vec![ModelConfig::gpt2(50, 8, 16, 2, 2)];
+        for family in [Family::Llama, Family::Qwen2, Family::Qwen3] {
+            for (bias, tied) in [(false, true), (true, false)] {
+                configs.push(ModelConfig {
+                    family,
+                    n_layer: 3,
+                    qkv_bias: bias,
+                    o_bias: bias,
+                    mlp_bias: bias,
+                    tie_word_embeddings: tied,
+                    ..smollm2()
+                });
+            }
+        }
+        for c in configs {
+            let listed: u128 = c
+                .param_specs()
+                .iter()
+                .map(|s| s.shape.iter().product::<usize>() as u128)
+                .sum();
+            assert_eq!(c.parameter_count(), listed, "{c:?}");
+        }
+        let absurd = ModelConfig {
+            n_layer: u32::MAX as usize,
+            ..smollm2()
+        };
+        assert!(absurd.parameter_count() > 1 << 40);
     }
 
     #[test]
