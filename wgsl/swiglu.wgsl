@@ -7,7 +7,9 @@
 // swiglu_backward: one lane per (row, j), writing both halves of the (rows, 2F) gradient:
 //     dx[row, j]     = dy * u * s * (1 + g * (1 - s)),  s = sigmoid(g)   (dgate)
 //     dx[row, F + j] = dy * silu(g)                                       (dup)
-//   in f32 from dy (DY: f32 or f16); ACC adds into dx (gradient accumulation).
+//   in f32 from dy (DY: f32 or f16), stored as DXT (f32, or f16 for the gate/up matmul's
+//   backward under mixed precision, which rounds it to f16 as it loads it); ACC adds into an
+//   f32 dx (gradient accumulation).
 // sigmoid is taken from exp(-|g|), which never overflows: g = +-100 give 1 and 0 (no inf or
 // NaN), so silu and both gradients are finite for any finite g.
 //
@@ -37,7 +39,7 @@ const WG: u32 = 256u;
 @group(0) @binding(1) var<storage, read_write> y: array<YT>;      // (rows, F)
 
 // swiglu_backward: dx, x, dy.
-@group(0) @binding(1) var<storage, read_write> dx: array<f32>;    // (rows, 2F)
+@group(0) @binding(1) var<storage, read_write> dx: array<DXT>;    // (rows, 2F)
 @group(0) @binding(3) var<storage, read> dy: array<DY>;           // (rows, F)
 
 fn sigmoid(g: f32) -> f32 {
@@ -61,9 +63,9 @@ fn swiglu_forward(@builtin(workgroup_id) wid: vec3<u32>,
 
 fn store_dx(o: u32, v: f32) {
     if (ACC) {
-        dx[o] = dx[o] + v;
+        dx[o] = DXT(f32(dx[o]) + v);
     } else {
-        dx[o] = v;
+        dx[o] = DXT(v);
     }
 }
 

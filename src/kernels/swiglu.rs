@@ -54,22 +54,25 @@ pub const WORKGROUP: u64 = 256;
 
 /// Every constant and alias the family reads (WGSL validates the whole module, so each
 /// variant defines them all; a kernel reads its own).
-fn spec(x: DType, y: DType, dy: DType, acc: bool) -> Spec {
+fn spec(x: DType, y: DType, dy: DType, dx: DType, acc: bool) -> Spec {
     Spec::new()
         .ty("XT", x.wgsl())
         .ty("YT", y.wgsl())
         .ty("DY", dy.wgsl())
+        .ty("DXT", dx.wgsl())
         .bool("ACC", acc)
 }
 
 /// The forward reading x as `x` and storing y as `y` (each f32 or f16).
 pub fn forward_spec(x: DType, y: DType) -> Spec {
-    spec(x, y, DType::F32, false)
+    spec(x, y, DType::F32, DType::F32, false)
 }
 
-/// The backward reading x as `x` and dy as `dy`, adding dx into its output where `acc`.
-pub fn backward_spec(x: DType, dy: DType, acc: bool) -> Spec {
-    spec(x, DType::F32, dy, acc)
+/// The backward reading x as `x` and dy as `dy`, storing dx as `dx` (f16 only where it is
+/// new: no accumulation in f16), adding it into its output where `acc`.
+pub fn backward_spec(x: DType, dy: DType, dx: DType, acc: bool) -> Spec {
+    debug_assert!(!(acc && dx == DType::F16), "no f16 accumulation");
+    spec(x, DType::F32, dy, dx, acc)
 }
 
 pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
@@ -83,7 +86,10 @@ pub fn variants(f16: bool) -> Vec<(&'static KernelDesc, Spec)> {
         for &t in types {
             v.push((&SWIGLU_FORWARD, forward_spec(x, t)));
             for acc in [false, true] {
-                v.push((&SWIGLU_BACKWARD, backward_spec(x, t, acc)));
+                v.push((&SWIGLU_BACKWARD, backward_spec(x, t, DType::F32, acc)));
+            }
+            if f16 {
+                v.push((&SWIGLU_BACKWARD, backward_spec(x, t, DType::F16, false)));
             }
         }
     }

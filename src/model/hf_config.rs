@@ -223,11 +223,12 @@ fn size_or(
     family: Family,
 ) -> std::result::Result<usize, String> {
     let Some(n) = typed(fields, key, Value::as_u64, "a whole number of at least 1")? else {
-        return default.ok_or_else(|| {
-            format!(
-                "missing field `{key}` (a {} config.json gives it)",
+        return default.ok_or_else(|| match family {
+            Family::Gpt2 => format!("missing field `{key}` (a GPT-2 config.json gives it)"),
+            _ => format!(
+                "missing field `{key}` (a config.json of model_type `{}` gives it)",
                 family.model_type()
-            )
+            ),
         });
     };
     if n == 0 {
@@ -494,10 +495,20 @@ fn check_sizes(g: &ModelConfig) -> std::result::Result<(), String> {
     }
     let params = g.parameter_count();
     if params > MAX_PARAMETERS {
+        let fields = match g.family {
+            Family::Gpt2 => format!(
+                "`vocab_size` {}, `n_positions` {}, `n_embd` {}, `n_inner` {}, `n_layer` {}",
+                g.vocab_size, g.n_positions, g.n_embd, g.n_inner, g.n_layer
+            ),
+            _ => format!(
+                "`vocab_size` {}, `hidden_size` {}, `intermediate_size` {}, \
+                 `num_attention_heads` {} x `head_dim` {}, `num_hidden_layers` {}",
+                g.vocab_size, g.n_embd, g.n_inner, g.n_head, g.head_dim, g.n_layer
+            ),
+        };
         return Err(format!(
-            "the sizes make about {params} parameters (vocabulary {}, width {}, {} layers), \
-             over {MAX_PARAMETERS} (2^36, whose f32 weights alone no adapter holds)",
-            g.vocab_size, g.n_embd, g.n_layer
+            "fields {fields} make {params} parameters, over {MAX_PARAMETERS} (2^36, whose f32 \
+             weights alone no adapter holds)"
         ));
     }
     Ok(())

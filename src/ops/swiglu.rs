@@ -3,7 +3,9 @@
 //! MLP). The forward is one elementwise dispatch reading x as f32 or f16 and storing y as f32
 //! or (`swiglu_as`) f16 for the down_proj matmul; the backward is one dispatch writing both
 //! halves of x's gradient from dy (f32 or f16) and the saved x (nothing else is saved). dx is
-//! f32. sigmoid is the overflow-free form (finite for any finite gate).
+//! f32, or f16 under autocast where x is f16 and the gate/up linear that made it is all that
+//! reads dx (its backward products round it to f16 as they load it: half the bytes, and the
+//! products' fast f16 path). sigmoid is the overflow-free form (finite for any finite gate).
 //!
 //! x may be a view whose last dim has unit stride and whose leading dims merge into one (rows
 //! a fixed stride apart): the kernels read it in place and the backward saves the view. Any
@@ -60,25 +62,42 @@ impl Backward for SwigluBackward {
         OP
     }
 
+    /// The kernel reads dy of either type: under autocast the down projection's dX may be
+    /// stored f16 for it.
+    fn takes_half_grad(&self) -> bool {
+        self.x.dtype() == DType::F16
+    }
+
     fn backward(self: Box<Self>, g: &Tensor, ctx: &mut BackwardCtx<'_>) -> Result<()> {
         if !ctx.needed(0) {
             return Ok(());
         }
-        // The kernel reads dy as contiguous rows.
+        // The kernel reads dy as contiguous rows (`contiguous` makes f32 rows of a strided f16).
         let dy = g.contiguous()?;
-        ctx.put_with(0, |out| self.grad(&dy, out))
+        let dtype = if self.x.dtype() == DType::F16
+            && ctx.input_takes_half(0)
+            && ctx.sole_contribution(0)
+        {
+            DType::F16
+        } else {
+            DType::F32
+        };
+        ctx.put_with_typed(0, dtype, |out| self.grad(&dy, out, dtype))
     }
 }
 
 impl SwigluBackward {
     /// dx = [dgate | dup] into `out` (new, overwritten or added into), one dispatch (and a
     /// copy for a strided target: the kernel writes contiguous rows).
-    fn grad(&self, dy: &Tensor, out: Out<'_>) -> Result<Tensor> {
+    fn grad(&self, dy: &Tensor, out: Out<'_>, dtype: DType) -> Result<Tensor> {
         let x = &self.x;
         let device = x.device();
-        let (dx, acc) = out.resolve(OP, device, x.shape(), &[dy, x])?;
-        if !dx.is_contiguous() {
-            let fresh = self.grad(dy, Out::New)?;
+        let (dx, acc) = match out {
+            Out::New => (Tensor::uninit(device, x.shape(), dtype, OP)?, false),
+            out => out.resolve(OP, device, x.shape(), &[dy, x])?,
+        };
+        if !dx.is_contiguous() || (acc && dx.dtype() == DType::F16) {
+            let fresh = self.grad(dy, Out::New, DType::F32)?;
             return launch_copy(&fresh, if acc { Out::Acc(&dx) } else { Out::Write(&dx) });
         }
         let addressing = row_params(x).expect("the forward saved an x its kernels read in place");
@@ -95,7 +114,7 @@ impl SwigluBackward {
         };
         device.record(
             &swiglu::SWIGLU_BACKWARD,
-            &swiglu::backward_spec(x.dtype(), dy.dtype(), acc),
+            &swiglu::backward_spec(x.dtype(), dy.dtype(), dx.dtype(), acc),
             &params,
             &[dx.storage(), x.storage(), dy.storage()],
             device.grid((params.numel as u64).div_ceil(swiglu::WORKGROUP)),
