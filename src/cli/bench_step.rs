@@ -16,7 +16,7 @@ use super::setup;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A built-in model shape (tiny, distilgpt2, gpt2).
+    /// A built-in model shape (tiny, distilgpt2, gpt2, tiny-llama, smollm2-135m).
     #[arg(long, default_value = "distilgpt2")]
     preset: String,
     /// A model directory (its config.json) instead of a preset.

@@ -24,7 +24,7 @@ enum ScheduleArg {
 /// Settings left out take the defaults below (a new run) or the checkpoint's (--resume).
 #[derive(clap::Args)]
 pub struct Args {
-    /// A built-in model with fresh weights: tiny, distilgpt2, gpt2 [default: tiny].
+    /// A built-in model with fresh weights: tiny, distilgpt2, gpt2, tiny-llama, smollm2-135m [default: tiny].
     #[arg(long, conflicts_with_all = ["model", "resume"])]
     preset: Option<String>,
     /// A Hugging Face model directory (GPT-2, Llama, Qwen2 or Qwen3: config.json, weights, tokenizer) to train on.
