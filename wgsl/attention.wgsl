@@ -689,11 +689,13 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
     let qs = select(lid / (D4 * DKV_ROWL), 0u, DKV_QS == 1u); // a constant where none share
 
     // The first block of queries (scale * q, dO, lse, D) in flight while the keys are staged.
-    // Queries before k0 see none of these keys. The blocks run head by head over the group:
-    // block j is block j % n of query head bh0 + j / n.
+    // Queries before k0 see none of these keys. The blocks run head by head over the group,
+    // from `first` to T for query head bh0, then bh0 + 1, ... (bh, q0 step along: no division
+    // in the loop).
     let first = (k0 / BR) * BR;
-    let n = (p.t - first + BR - 1u) / BR;
-    let blocks = n * p.group;
+    let blocks = (p.t - first + BR - 1u) / BR * p.group;
+    var bh = bh0;
+    var q0 = first;
     fetch_q(bh0, first, lid);
     fetch_do(bh0, first, lid);
     fetch_ld(bh0, first, lid);
@@ -703,13 +705,15 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
         acc_dv[i] = vec4<f32>(0.0);
     }
     for (var jb = 0u; jb < blocks; jb++) {
-        let bh = bh0 + jb / n;
-        let q0 = first + (jb % n) * BR;
+        var next_bh = bh;
+        var next_q0 = q0 + BR;
+        if (next_q0 >= p.t) {
+            next_bh = bh + 1u;
+            next_q0 = first;
+        }
         put_queries(bh, q0, lid); // the tiles are free: the previous block is done with them
         workgroupBarrier();
         if (jb + 1u < blocks) {
-            let next_bh = bh0 + (jb + 1u) / n;
-            let next_q0 = first + ((jb + 1u) % n) * BR;
             fetch_q(next_bh, next_q0, lid);
             fetch_do(next_bh, next_q0, lid);
             fetch_ld(next_bh, next_q0, lid);
@@ -738,6 +742,8 @@ fn attn_bwd_dkv(@builtin(workgroup_id) wid: vec3<u32>,
             }
         }
         workgroupBarrier(); // the query tiles are staged again next block
+        bh = next_bh;
+        q0 = next_q0;
     }
 
     // The query shares' partial sums meet in tile_k (dK) and tile_v (dV), [key][d] tiles no

@@ -805,11 +805,13 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         let k0 = i * ROWS;
         let kj = k0 + row;                // this lane's key
         // The first block of queries (q, dO, lse, D) in flight while the subgroup's keys
-        // become fragments: k, then v. Queries before k0 see none of these keys; block jb is
-        // block jb % n of query head bh0 + jb / n.
+        // become fragments: k, then v. Queries before k0 see none of these keys; the blocks
+        // run from `first` to T for query head bh0, then bh0 + 1, ... (bh, q0 step along:
+        // no division in the loop, which runs as before the grouping where G is 1).
         let first = (k0 / BC) * BC;
-        let n = (p.t - first + BC - 1u) / BC;
-        let q_blocks = n * p.group;
+        let q_blocks = (p.t - first + BC - 1u) / BC * p.group;
+        var bh = bh0;
+        var q0 = first;
         if (PREFETCH) {
             fetch_q(bh0, first, lid);
             fetch_do(bh0, first, lid);
@@ -825,8 +827,12 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             load_dv(bhk, k0, r0);
         }
         for (var jb = 0u; jb < q_blocks; jb++) {
-            let bh = bh0 + jb / n;
-            let q0 = first + (jb % n) * BC;
+            var next_bh = bh;
+            var next_q0 = q0 + BC;
+            if (next_q0 >= p.t) {
+                next_bh = bh + 1u;
+                next_q0 = first;
+            }
             if (!PREFETCH) {
                 fetch_q(bh, q0, lid);
                 fetch_do(bh, q0, lid);
@@ -842,8 +848,6 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             }
             workgroupBarrier();
             if (PREFETCH && jb + 1u < q_blocks) {
-                let next_bh = bh0 + (jb + 1u) / n;
-                let next_q0 = first + ((jb + 1u) % n) * BC;
                 fetch_q(next_bh, next_q0, lid);
                 fetch_do(next_bh, next_q0, lid);
                 fetch_ld(next_bh, next_q0, lid);
@@ -864,6 +868,8 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             // dK += dS^T (scale q), dV += P^T dO.
             add_out(r0);
             add_dv(r0);
+            bh = next_bh;
+            q0 = next_q0;
         }
         if (direct) {
             store_out(bhk, k0, r0, p.dk);
