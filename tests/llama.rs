@@ -101,12 +101,11 @@ fn batch(dev: &Device, b: usize, t: usize) -> Result<(Tensor, Tensor)> {
     ))
 }
 
+/// A loss and every parameter's gradient by name.
+type Run = (f32, Vec<(String, Vec<f32>)>);
+
 /// The loss and every parameter's gradient (by name) of one backward.
-fn loss_and_grads(
-    model: &Decoder,
-    x: &Tensor,
-    y: &Tensor,
-) -> Result<(f32, Vec<(String, Vec<f32>)>)> {
+fn loss_and_grads(model: &Decoder, x: &Tensor, y: &Tensor) -> Result<Run> {
     model.params.zero_grad();
     let loss = model.loss(x, y)?;
     loss.backward()?;
