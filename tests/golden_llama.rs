@@ -1,7 +1,8 @@
 //! wgrad's Llama family against Hugging Face transformers on the same weights and batch
 //! (tests/fixtures/llama-small: LlamaForCausalLM with grouped-query attention and an untied
-//! head; tests/fixtures/qwen2-small: Qwen2ForCausalLM with q/k/v biases and a tied head; both
-//! made by tests/fixtures/make_llama_fixtures.py, reference computed in float64): logits, loss,
+//! head; tests/fixtures/qwen2-small: Qwen2ForCausalLM with q/k/v biases and a tied head;
+//! tests/fixtures/qwen3-small: Qwen3ForCausalLM with q_norm/k_norm on each head and a tied head;
+//! all made by tests/fixtures/make_llama_fixtures.py, reference computed in float64): logits, loss,
 //! every gradient by its Hugging Face name (wgrad's stacked q/k/v and gate/up parameters
 //! compared row block by row block), every parameter after 3 AdamW steps, and the loss under
 //! mixed precision.
@@ -23,9 +24,10 @@ fn dir(name: &str) -> PathBuf {
         .join(name)
 }
 
-const FIXTURES: [(&str, Family); 2] = [
+const FIXTURES: [(&str, Family); 3] = [
     ("llama-small", Family::Llama),
     ("qwen2-small", Family::Qwen2),
+    ("qwen3-small", Family::Qwen3),
 ];
 
 struct Expected {

@@ -13,7 +13,7 @@
 use crate::config::Options;
 use crate::error::{human_bytes, Error, Result};
 use crate::graph::Device;
-use crate::nn::ModelConfig;
+use crate::nn::{Family, ModelConfig};
 
 /// The memory assumed where neither the cap nor the adapter tells it: 1 TiB, more than any
 /// single GPU holds (an H200 has 141 GB). Refuses the sizes no adapter can hold (n_layer 1e9
@@ -66,21 +66,49 @@ impl Footprint {
     }
 }
 
+/// The config.json fields of the sizes the estimate grows with: layers, width, vocabulary,
+/// positions (GPT-2's names, or the Llama family's).
+fn size_fields(config: &ModelConfig) -> [&'static str; 4] {
+    match config.family {
+        Family::Gpt2 => ["n_layer", "n_embd", "vocab_size", "n_positions"],
+        _ => [
+            "num_hidden_layers",
+            "hidden_size",
+            "vocab_size",
+            "max_position_embeddings",
+        ],
+    }
+}
+
+/// "a llama of num_hidden_layers 30, hidden_size 576, ...": the model as its config.json
+/// says it.
+fn model_sizes(config: &ModelConfig) -> String {
+    let values = [
+        config.n_layer,
+        config.n_embd,
+        config.vocab_size,
+        config.n_positions,
+    ];
+    let sizes: Vec<String> = size_fields(config)
+        .iter()
+        .zip(values)
+        .map(|(field, v)| format!("{field} {v}"))
+        .collect();
+    format!("a {} of {}", config.family.model_type(), sizes.join(", "))
+}
+
+/// "config.json's n_layer, n_embd, vocab_size, n_positions" in the model's own names.
+fn smaller_model(config: &ModelConfig) -> String {
+    format!("config.json's {}", size_fields(config).join(", "))
+}
+
 /// Overflow of the estimate: a size no adapter holds.
 fn overflow(config: &ModelConfig) -> Error {
     Error::OutOfMemory {
-        what: format!(
-            "a {} of n_layer {}, n_embd {}, vocab_size {}, n_positions {}",
-            config.family.model_type(),
-            config.n_layer,
-            config.n_embd,
-            config.vocab_size,
-            config.n_positions
-        ),
+        what: model_sizes(config),
         bytes: u64::MAX,
         limit: "its size overflows 64-bit arithmetic".into(),
-        advice: "Use a smaller model (config.json's n_layer, n_embd, vocab_size, n_positions)"
-            .into(),
+        advice: format!("Use a smaller model ({})", smaller_model(config)),
     }
 }
 
@@ -248,20 +276,15 @@ pub fn check_fits(device: &Device, config: &ModelConfig, work: Workload) -> Resu
             Workload::Generate => "generating".into(),
         };
         return Err(Error::OutOfMemory {
-            what: format!(
-                "{run} a GPT-2 of n_layer {}, n_embd {}, vocab_size {}, n_positions {} ({})",
-                config.n_layer,
-                config.n_embd,
-                config.vocab_size,
-                config.n_positions,
-                parts.join(", ")
-            ),
+            what: format!("{run} {} ({})", model_sizes(config), parts.join(", ")),
             bytes: f.total,
             limit: said,
             advice: if f.total - f.activations() > memory {
-                "The model alone (parameters and optimizer state) does not fit: use a smaller \
-                 model (config.json's n_layer, n_embd, vocab_size, n_positions)"
-                    .into()
+                format!(
+                    "The model alone (parameters and optimizer state) does not fit: use a \
+                     smaller model ({})",
+                    smaller_model(config)
+                )
             } else {
                 advice(work)
             },
@@ -304,6 +327,21 @@ mod tests {
         let huge = config(usize::MAX / 2, 1 << 20, 1 << 40, 1 << 40);
         let e = footprint(&huge, train).expect_err("overflows");
         assert!(e.to_string().contains("overflows"), "{e}");
+        assert!(e.to_string().contains("a gpt2 of n_layer"), "{e}");
+        // A Llama-family model is named by its own config.json fields.
+        let llama = ModelConfig {
+            family: Family::Llama,
+            rope_theta: 10000.0,
+            ..huge
+        };
+        let e = footprint(&llama, train).expect_err("overflows").to_string();
+        for says in [
+            "a llama of num_hidden_layers",
+            "hidden_size 1048576",
+            "config.json's num_hidden_layers, hidden_size, vocab_size, max_position_embeddings",
+        ] {
+            assert!(e.contains(says), "{says}: {e}");
+        }
         let e = footprint(
             &gpt2,
             Workload::Train {

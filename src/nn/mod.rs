@@ -3,6 +3,8 @@
 
 mod config;
 mod decoder;
+#[cfg(test)]
+mod decoder_tests;
 mod params;
 
 pub use config::{Family, HfTensor, ModelConfig};

@@ -199,10 +199,12 @@ impl TrainSession {
         let (config, model, tokenizer) = match &options.model {
             ModelSource::Preset(name) => {
                 let preset = crate::assets::Preset::named(name)?;
+                // A preset without a tokenizer cannot train on text whatever the device: say
+                // so first, not that it does not fit (a memory cap, a small GPU).
+                let tokenizer = preset.tokenizer()?;
                 let config = preset.config()?;
                 check_options(&options, config.model.n_positions)?;
                 crate::memory::check_fits(device, &config.model, (&options).into())?;
-                let tokenizer = preset.tokenizer()?;
                 let model = Decoder::new(device, config.model.clone(), options.seed)?;
                 (config, model, tokenizer)
             }
