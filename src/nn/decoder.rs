@@ -439,28 +439,27 @@ impl Decoder {
     }
 
     /// Qwen3's RMSNorm of each query and key head (q_norm, k_norm over head_dim) in a packed
-    /// (B, T, (H + 2 KV) D) projection, before the rotary embedding; v as it was.
+    /// (B, T, (H + 2 KV) D) projection, before the rotary embedding; v as it was. The norms
+    /// read their heads in place and store the projection's type (f16 under mixed precision,
+    /// as the attention reads it); one copy packs the three again.
     pub(crate) fn qk_norm(&self, i: usize, qkv: &Tensor) -> Result<Tensor> {
         let cfg = &self.config;
         let (b, t) = (qkv.shape()[0], qkv.shape()[1]);
         let (h, kv, d) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
-        let heads = |start: usize, count: usize| -> Result<Tensor> {
-            qkv.narrow(2, start * d, count * d)?
-                .contiguous()?
-                .reshape(&[b, t, count, d])
+        let split = qkv.reshape(&[b, t, h + 2 * kv, d])?;
+        let norm = |first: usize, count: usize, name: &str| -> Result<Tensor> {
+            let x = split.narrow(2, first, count)?; // (B, T, count, D), a view
+            let weight = self.p(&format!("layers.{i}.self_attn.{name}"))?;
+            let eps = cfg.layer_norm_epsilon;
+            match self.kernels {
+                Kernels::Fused => x.rms_norm_as(weight, eps, qkv.dtype()),
+                Kernels::Reference => x.rms_norm_unfused(weight, eps),
+            }
         };
-        let norm = |x: &Tensor, name: &str| -> Result<Tensor> {
-            let name = format!("layers.{i}.self_attn.{name}");
-            let y = match self.kernels {
-                Kernels::Fused => x.rms_norm(self.p(&name)?, cfg.layer_norm_epsilon)?,
-                Kernels::Reference => x.rms_norm_unfused(self.p(&name)?, cfg.layer_norm_epsilon)?,
-            };
-            y.reshape(&[b, t, x.shape()[2] * d])
-        };
-        let q = norm(&heads(0, h)?, "q_norm.weight")?;
-        let k = norm(&heads(h, kv)?, "k_norm.weight")?;
-        let v = heads(h + kv, kv)?.reshape(&[b, t, kv * d])?;
-        Tensor::cat(&[&q, &k, &v], 2)
+        let q = norm(0, h, "q_norm.weight")?;
+        let k = norm(h, kv, "k_norm.weight")?;
+        let v = split.narrow(2, h + kv, kv)?;
+        Tensor::cat(&[&q, &k, &v], 2)?.reshape(&[b, t, cfg.qkv_width()])
     }
 
     /// Mean next-token cross-entropy of `ids` (B, T) against `targets` (B, T).
