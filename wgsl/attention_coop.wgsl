@@ -806,12 +806,9 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         let kj = k0 + row;                // this lane's key
         // The first block of queries (q, dO, lse, D) in flight while the subgroup's keys
         // become fragments: k, then v. Queries before k0 see none of these keys; the blocks
-        // run from `first` to T for query head bh0, then bh0 + 1, ... (bh, q0 step along:
-        // no division in the loop, which runs as before the grouping where G is 1).
+        // run from `first` to T for query head bh0, then bh0 + 1, ... (where G is 1, the
+        // loop as it was before the grouping).
         let first = (k0 / BC) * BC;
-        let q_blocks = (p.t - first + BC - 1u) / BC * p.group;
-        var bh = bh0;
-        var q0 = first;
         if (PREFETCH) {
             fetch_q(bh0, first, lid);
             fetch_do(bh0, first, lid);
@@ -826,50 +823,51 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             load_out(bhk, k0, r0, p.dk);
             load_dv(bhk, k0, r0);
         }
-        for (var jb = 0u; jb < q_blocks; jb++) {
-            var next_bh = bh;
-            var next_q0 = q0 + BC;
-            if (next_q0 >= p.t) {
-                next_bh = bh + 1u;
-                next_q0 = first;
+        for (var g = 0u; g < p.group; g++) {
+            let bh = bh0 + g;
+            for (var q0 = first; q0 < p.t; q0 += BC) {
+                if (!PREFETCH) {
+                    fetch_q(bh, q0, lid);
+                    fetch_do(bh, q0, lid);
+                    fetch_ld(bh, q0, lid);
+                }
+                workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or own rows) is done
+                put_nx0(p.q, bh, q0, Q_OFF, p.scale, lid);
+                put_nx1(p.dout, bh, q0, DO_OFF, lid);
+                if (lid < BC) {
+                    let inside = q0 + lid < p.t;
+                    lse_c[lid] = select(0.0, nl, inside);
+                    dvec_c[lid] = select(0.0, nd, inside);
+                }
+                workgroupBarrier();
+                if (PREFETCH) {
+                    if (q0 + BC < p.t) {
+                        fetch_q(bh, q0 + BC, lid);
+                        fetch_do(bh, q0 + BC, lid);
+                        fetch_ld(bh, q0 + BC, lid);
+                    } else if (g + 1u < p.group) {
+                        fetch_q(bh + 1u, first, lid);
+                        fetch_do(bh + 1u, first, lid);
+                        fetch_ld(bh + 1u, first, lid);
+                    }
+                }
+                for (var c0 = 0u; c0 < BC; c0 += FS) {
+                    s_dp(r0, c0);
+                }
+                own_sync();
+                for (var j = 0u; j < BW; j++) {
+                    let c = part * BW + j;
+                    let qc = q0 + c;
+                    let valid = kj <= qc && qc < p.t;
+                    let pc = select(0.0, exp(sc[row * SW + c] - lse_c[c]), valid);
+                    h_sh[PP_OFF + row * PS + c] = f16(pc);
+                    h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
+                }
+                own_sync();
+                // dK += dS^T (scale q), dV += P^T dO.
+                add_out(r0);
+                add_dv(r0);
             }
-            if (!PREFETCH) {
-                fetch_q(bh, q0, lid);
-                fetch_do(bh, q0, lid);
-                fetch_ld(bh, q0, lid);
-            }
-            workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or own rows) is done
-            put_nx0(p.q, bh, q0, Q_OFF, p.scale, lid);
-            put_nx1(p.dout, bh, q0, DO_OFF, lid);
-            if (lid < BC) {
-                let inside = q0 + lid < p.t;
-                lse_c[lid] = select(0.0, nl, inside);
-                dvec_c[lid] = select(0.0, nd, inside);
-            }
-            workgroupBarrier();
-            if (PREFETCH && jb + 1u < q_blocks) {
-                fetch_q(next_bh, next_q0, lid);
-                fetch_do(next_bh, next_q0, lid);
-                fetch_ld(next_bh, next_q0, lid);
-            }
-            for (var c0 = 0u; c0 < BC; c0 += FS) {
-                s_dp(r0, c0);
-            }
-            own_sync();
-            for (var j = 0u; j < BW; j++) {
-                let c = part * BW + j;
-                let qc = q0 + c;
-                let valid = kj <= qc && qc < p.t;
-                let pc = select(0.0, exp(sc[row * SW + c] - lse_c[c]), valid);
-                h_sh[PP_OFF + row * PS + c] = f16(pc);
-                h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
-            }
-            own_sync();
-            // dK += dS^T (scale q), dV += P^T dO.
-            add_out(r0);
-            add_dv(r0);
-            bh = next_bh;
-            q0 = next_q0;
         }
         if (direct) {
             store_out(bhk, k0, r0, p.dk);
