@@ -11,7 +11,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{assert_close, private_dev};
+use common::{assert_close, dev_with, private_dev};
 use safetensors::SafeTensors;
 use wgrad::model::load_pretrained;
 use wgrad::nn::{Decoder, Family, HfTensor, Kernels};
@@ -64,8 +64,29 @@ impl Expected {
 }
 
 fn model(fixture: &str, family: Family) -> Result<Decoder> {
-    let (cfg, params) = load_pretrained(&private_dev(), &dir(fixture))?;
+    model_on(fixture, family, false)
+}
+
+/// The fixture's model on the default device, or (`split`) on one whose bindings hold 96 KiB:
+/// the 512 x 64 embedding and the untied head (128 KiB each) then in 2 row shards each.
+fn model_on(fixture: &str, family: Family, split: bool) -> Result<Decoder> {
+    let dev = if split {
+        dev_with(|o| o.adapter.max_storage_binding = Some(96 << 10))
+    } else {
+        private_dev()
+    };
+    let (cfg, params) = load_pretrained(&dev, &dir(fixture))?;
     assert_eq!(cfg.model.family, family, "{fixture}'s family");
+    let shards = |name: &str| params.shards(name).map(|s| s.len());
+    let want = if split { 2 } else { 1 };
+    assert_eq!(
+        shards(cfg.model.embedding()),
+        Some(want),
+        "{fixture}'s embedding"
+    );
+    if !cfg.model.tie_word_embeddings {
+        assert_eq!(shards("lm_head.weight"), Some(want), "{fixture}'s head");
+    }
     Decoder::from_params(cfg.model, params)
 }
 
@@ -94,9 +115,9 @@ fn shifted(model: &Decoder, ids: &[u32]) -> Result<(Tensor, Tensor)> {
 
 #[test]
 fn logits_and_loss_match_transformers() -> Result<()> {
-    for (fixture, family) in FIXTURES {
+    for ((fixture, family), split) in FIXTURES.into_iter().flat_map(|f| [(f, false), (f, true)]) {
         let exp = Expected::load(fixture);
-        let mut model = model(fixture, family)?;
+        let mut model = model_on(fixture, family, split)?;
         let ids = exp.ids();
         let x = Tensor::from_u32(model.params.device(), &ids, &[2, ids.len() / 2])?;
         let want_loss = exp.f32s("loss")[0];
@@ -107,7 +128,7 @@ fn logits_and_loss_match_transformers() -> Result<()> {
         );
         for kernels in [Kernels::Fused, Kernels::Reference] {
             model.kernels = kernels;
-            let what = format!("{fixture} ({kernels:?})");
+            let what = format!("{fixture} ({kernels:?}, split {split})");
             let logits = model.forward(&x)?.to_vec()?;
             assert_close(
                 &logits,
@@ -125,9 +146,9 @@ fn logits_and_loss_match_transformers() -> Result<()> {
 
 #[test]
 fn every_gradient_matches_transformers() -> Result<()> {
-    for (fixture, family) in FIXTURES {
+    for ((fixture, family), split) in FIXTURES.into_iter().flat_map(|f| [(f, false), (f, true)]) {
         let exp = Expected::load(fixture);
-        let model = model(fixture, family)?;
+        let model = model_on(fixture, family, split)?;
         let (x, y) = shifted(&model, &exp.ids())?;
         model.loss(&x, &y)?.backward()?;
         for t in model.config.hf_tensors() {
@@ -139,7 +160,7 @@ fn every_gradient_matches_transformers() -> Result<()> {
                 &rows_of(&grad, &t),
                 &exp.f32s(&format!("grad.{}", t.name)),
                 1e-3,
-                &format!("{fixture}: grad of {}", t.name),
+                &format!("{fixture} (split {split}): grad of {}", t.name),
             );
         }
     }

@@ -38,14 +38,26 @@ pub fn run(args: &Args) -> Result<()> {
     let dev = Device::new()?;
     let config = HfConfig::read(&args.model.join("config.json"))?.model;
     check_fits(&dev, &config, Workload::Generate)?;
-    let (_, model, tokenizer) = load_model(&dev, &args.model)?;
-    let eot = tokenizer.end_of_text();
+    let (hf, model, tokenizer) = load_model(&dev, &args.model)?;
+    // The end of text: the tokenizer's <|endoftext|>, else config.json's eos_token_id (a
+    // Llama tokenizer's </s> or <|end_of_text|>; the first where it lists several).
+    let eot = tokenizer.end_of_text().or_else(|| {
+        let eos = hf.field("eos_token_id")?;
+        let id = eos.as_u64().or_else(|| eos.as_array()?.first()?.as_u64())?;
+        u32::try_from(id)
+            .ok()
+            .filter(|&id| (id as usize) < config.vocab_size)
+    });
     let mut prompt = tokenizer.encode(&args.prompt)?;
     let shown_prompt = prompt.len();
     if prompt.is_empty() {
-        prompt.push(eot.ok_or_else(|| Error::InvalidArgument {
-            op: "--prompt",
-            reason: "an empty prompt starts from <|endoftext|>, which this tokenizer lacks".into(),
+        prompt.push(eot.ok_or_else(|| {
+            Error::InvalidArgument {
+                op: "--prompt",
+                reason: "an empty prompt starts from the end-of-text token, which neither the \
+                     tokenizer (<|endoftext|>) nor config.json (eos_token_id) gives"
+                    .into(),
+            }
         })?);
     }
     let sampling = Sampling {

@@ -1,5 +1,5 @@
 //! Training checkpoints: a Hugging Face model directory (`save_pretrained`: config.json,
-//! model.safetensors, tokenizer files; `GPT2LMHeadModel.from_pretrained(dir)` loads it) plus
+//! model.safetensors, tokenizer files; `AutoModelForCausalLM.from_pretrained(dir)` loads it) plus
 //! `wgrad_state.safetensors`, what a resumed run needs to continue exactly where this one
 //! stopped:
 //!

@@ -1,5 +1,5 @@
-//! Model I/O: what goes in and out of files. A model directory is a Hugging Face GPT-2
-//! directory: `config.json`, `model.safetensors`, and the tokenizer files (`tokenizer.json`, or
+//! Model I/O: what goes in and out of files. A model directory is a Hugging Face directory
+//! (GPT-2, Llama, Qwen2, Qwen3): `config.json`, `model.safetensors`, and the tokenizer files (`tokenizer.json`, or
 //! `vocab.json` + `merges.txt`); a preset under `models/` may hold only `config.json` and point
 //! at a shared tokenizer directory (`"wgrad_tokenizer_dir"`).
 //!
@@ -7,7 +7,7 @@
 //! | --- | --- |
 //! | `hf_config.rs` | config.json: the fields wgrad reads, the ones it keeps untouched |
 //! | `input_file.rs` | every file read is a regular file: a FIFO or directory is refused by name |
-//! | `tokenizer.rs` | GPT-2 byte-level BPE: text to token ids and back |
+//! | `tokenizer.rs` | byte-level BPE (GPT-2's files, or any `tokenizer.json`): text to token ids and back |
 //! | `safetensors_io.rs` | weights: load into `Parameters` (every mismatch named), save |
 //! | `atomic.rs` | writes that are never seen half-done: temporary name, then rename |
 //! | `data.rs` | a text file as token ids: read, tokenize once, cache, split |

@@ -9,6 +9,7 @@ use safetensors::tensor::{Dtype, View};
 
 use super::*;
 use crate::model::test_support::{device, gpt2_tokenizer_dir, ScratchDir};
+use crate::model::Tokenizer;
 use crate::nn::ModelConfig;
 
 /// The prefix GPT2LMHeadModel writes.

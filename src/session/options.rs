@@ -15,7 +15,7 @@ pub enum ModelSource {
     /// A built-in preset's config (`crate::assets::Preset`) with fresh weights drawn from the
     /// run's seed.
     Preset(String),
-    /// A Hugging Face GPT-2 directory: config, weights, tokenizer.
+    /// A Hugging Face model directory (GPT-2, Llama, Qwen2, Qwen3): config, weights, tokenizer.
     Dir(PathBuf),
 }
 

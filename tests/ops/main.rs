@@ -17,6 +17,7 @@ mod common;
 
 mod attention;
 mod attention_grouped;
+mod cat;
 mod create;
 mod cross_entropy;
 mod elementwise;

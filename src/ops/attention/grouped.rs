@@ -43,8 +43,10 @@ impl Tensor {
         self.causal_self_attention_at(heads, kv_heads, rope, 0)
     }
 
-    /// `causal_self_attention_grouped` with query and key row t at position `start + t` (a
-    /// prompt fed in pieces); `start` matters to the rotary embedding alone.
+    /// `causal_self_attention_grouped` with query and key row t rotated as position `start + t`.
+    /// The rows attend to each other only (no cache): `start` moves the rotary embedding alone,
+    /// so this is not how a prompt continues; generation keeps its keys in a cache
+    /// (`model::Generator`).
     pub fn causal_self_attention_at(
         &self,
         heads: usize,
@@ -105,6 +107,20 @@ impl Tensor {
                 .reshape(&[b, h, t, d])
         };
         self.causal_attention_reference(&repeat(k)?, &repeat(v)?)
+    }
+}
+
+impl Tensor {
+    /// `causal_self_attention_grouped` from unfused ops (f32): head views of the packed
+    /// input, the rotary reference on q and k, the grouped reference attention, heads merged.
+    /// The model's `Kernels::Reference` runs it, and the tests check the kernels against it.
+    pub fn causal_self_attention_grouped_reference(
+        &self,
+        heads: usize,
+        kv_heads: usize,
+        rope: Option<&Rope>,
+    ) -> Result<Tensor> {
+        self_attention_reference(self, heads, kv_heads, rope, 0)
     }
 }
 
