@@ -8,7 +8,7 @@
 //! | `hf_config.rs` | config.json: the fields wgrad reads, the ones it keeps untouched |
 //! | `input_file.rs` | every file read is a regular file: a FIFO or directory is refused by name |
 //! | `tokenizer.rs` | byte-level BPE (GPT-2's files, or any `tokenizer.json`): text to token ids and back |
-//! | `safetensors_io.rs` | weights: load into `Parameters` (every mismatch named), save |
+//! | `safetensors_io.rs` | weights: load into `Parameters` (one file or index.json shards, every mismatch named); `safetensors_save.rs`: save |
 //! | `atomic.rs` | writes that are never seen half-done: temporary name, then rename |
 //! | `data.rs` | a text file as token ids: read, tokenize once, cache, split |
 //! | `batches.rs` | (B, T+1) batches from a token split, seeded, with a resumable position |

@@ -2,7 +2,9 @@
 //!
 //! Names are Hugging Face's (`ModelConfig::hf_tensors`), read with or without the prefix the
 //! model class adds (`transformer.` for GPT-2, `model.` for the Llama family), from
-//! `model.safetensors` or the shards `model.safetensors.index.json` lists. GPT-2's Conv1D
+//! `model.safetensors` or the shards `model.safetensors.index.json` lists (every file its
+//! `weight_map` names is read and each tensor matched by name across them; which file the map
+//! gives a tensor is not checked). GPT-2's Conv1D
 //! stores its weights [in, out] and the Llama family's nn.Linear [out, in], each kept as
 //! stored; the Llama family's q/k/v and gate/up tensors are rows of one wgrad parameter each.
 //! Tolerated and skipped: `lm_head.weight` of a tied model when it is the embedding's copy (a
