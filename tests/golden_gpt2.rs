@@ -9,47 +9,14 @@ mod common;
 
 use std::path::Path;
 
+use common::golden::Expected;
 use common::{assert_close, dev_with, private_dev};
-use safetensors::SafeTensors;
 use wgrad::model::load_pretrained;
 use wgrad::nn::Decoder;
 use wgrad::optim::{AdamW, AdamWConfig};
 use wgrad::{Result, Tensor};
 
 const DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt2-small");
-
-struct Expected {
-    bytes: Vec<u8>,
-}
-
-impl Expected {
-    fn load() -> Expected {
-        Expected {
-            bytes: std::fs::read(Path::new(DIR).join("expected.safetensors"))
-                .expect("the fixture file"),
-        }
-    }
-
-    fn f32s(&self, name: &str) -> Vec<f64> {
-        let st = SafeTensors::deserialize(&self.bytes).expect("a safetensors file");
-        let t = st
-            .tensor(name)
-            .unwrap_or_else(|_| panic!("fixture tensor {name}"));
-        t.data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-            .collect()
-    }
-
-    fn ids(&self) -> Vec<u32> {
-        let st = SafeTensors::deserialize(&self.bytes).expect("a safetensors file");
-        let t = st.tensor("input_ids").expect("input_ids");
-        t.data()
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u32)
-            .collect()
-    }
-}
 
 /// The fixture's model on the default device (`split` false: wte whole), or on one whose
 /// bindings hold 96 KiB: wte (512 x 64 f32, 128 KiB) in 2 row shards, every other tensor whole.
@@ -92,7 +59,7 @@ fn logits_and_loss_match_transformers_with_a_split_embedding() -> Result<()> {
 }
 
 fn logits_and_loss(split: bool) -> Result<()> {
-    let exp = Expected::load();
+    let exp = Expected::load(Path::new(DIR));
     let model = model(split)?;
     let ids = exp.ids();
     let x = Tensor::from_u32(model.params.device(), &ids, &[2, ids.len() / 2])?;
@@ -120,7 +87,7 @@ fn every_gradient_matches_transformers_with_a_split_embedding() -> Result<()> {
 }
 
 fn every_gradient(split: bool) -> Result<()> {
-    let exp = Expected::load();
+    let exp = Expected::load(Path::new(DIR));
     let model = model(split)?;
     let (x, y) = shifted(&model, &exp.ids())?;
     model.loss(&x, &y)?.backward()?;
@@ -151,7 +118,7 @@ fn parameters_after_three_adamw_steps_match_torch_with_a_split_embedding() -> Re
 }
 
 fn three_adamw_steps(split: bool) -> Result<()> {
-    let exp = Expected::load();
+    let exp = Expected::load(Path::new(DIR));
     let model = model(split)?;
     let (x, y) = shifted(&model, &exp.ids())?;
     let config = AdamWConfig {

@@ -11,8 +11,8 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use common::golden::Expected;
 use common::{assert_close, dev_with, private_dev};
-use safetensors::SafeTensors;
 use wgrad::model::load_pretrained;
 use wgrad::nn::{Decoder, Family, HfTensor, Kernels};
 use wgrad::optim::{AdamW, AdamWConfig};
@@ -29,39 +29,6 @@ const FIXTURES: [(&str, Family); 3] = [
     ("qwen2-small", Family::Qwen2),
     ("qwen3-small", Family::Qwen3),
 ];
-
-struct Expected {
-    bytes: Vec<u8>,
-}
-
-impl Expected {
-    fn load(fixture: &str) -> Expected {
-        Expected {
-            bytes: std::fs::read(dir(fixture).join("expected.safetensors"))
-                .expect("the fixture file"),
-        }
-    }
-
-    fn f32s(&self, name: &str) -> Vec<f64> {
-        let st = SafeTensors::deserialize(&self.bytes).expect("a safetensors file");
-        let t = st
-            .tensor(name)
-            .unwrap_or_else(|_| panic!("fixture tensor {name}"));
-        t.data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
-            .collect()
-    }
-
-    fn ids(&self) -> Vec<u32> {
-        let st = SafeTensors::deserialize(&self.bytes).expect("a safetensors file");
-        let t = st.tensor("input_ids").expect("input_ids");
-        t.data()
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]) as u32)
-            .collect()
-    }
-}
 
 fn model(fixture: &str, family: Family) -> Result<Decoder> {
     model_on(fixture, family, false)
@@ -116,7 +83,7 @@ fn shifted(model: &Decoder, ids: &[u32]) -> Result<(Tensor, Tensor)> {
 #[test]
 fn logits_and_loss_match_transformers() -> Result<()> {
     for ((fixture, family), split) in FIXTURES.into_iter().flat_map(|f| [(f, false), (f, true)]) {
-        let exp = Expected::load(fixture);
+        let exp = Expected::load(&dir(fixture));
         let mut model = model_on(fixture, family, split)?;
         let ids = exp.ids();
         let x = Tensor::from_u32(model.params.device(), &ids, &[2, ids.len() / 2])?;
@@ -147,7 +114,7 @@ fn logits_and_loss_match_transformers() -> Result<()> {
 #[test]
 fn every_gradient_matches_transformers() -> Result<()> {
     for ((fixture, family), split) in FIXTURES.into_iter().flat_map(|f| [(f, false), (f, true)]) {
-        let exp = Expected::load(fixture);
+        let exp = Expected::load(&dir(fixture));
         let model = model_on(fixture, family, split)?;
         let (x, y) = shifted(&model, &exp.ids())?;
         model.loss(&x, &y)?.backward()?;
@@ -170,7 +137,7 @@ fn every_gradient_matches_transformers() -> Result<()> {
 #[test]
 fn parameters_after_three_adamw_steps_match_torch() -> Result<()> {
     for (fixture, family) in FIXTURES {
-        let exp = Expected::load(fixture);
+        let exp = Expected::load(&dir(fixture));
         let model = model(fixture, family)?;
         let (x, y) = shifted(&model, &exp.ids())?;
         let config = AdamWConfig {
@@ -238,7 +205,7 @@ fn parameters_after_three_adamw_steps_match_torch() -> Result<()> {
 #[test]
 fn the_loss_under_mixed_precision_matches_transformers() -> Result<()> {
     for (fixture, family) in FIXTURES {
-        let exp = Expected::load(fixture);
+        let exp = Expected::load(&dir(fixture));
         let mut model = model(fixture, family)?;
         model.set_amp(true)?;
         let (x, y) = shifted(&model, &exp.ids())?;
