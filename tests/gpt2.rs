@@ -20,19 +20,7 @@ fn config(n_layer: usize) -> ModelConfig {
 }
 
 fn batch(dev: &Device, b: usize, t: usize, vocab: u32) -> Result<(Tensor, Tensor)> {
-    let ids: Vec<u32> = (0..b * (t + 1))
-        .map(|i| (i as u32 * 7919 + 13) % vocab)
-        .collect();
-    let x: Vec<u32> = (0..b)
-        .flat_map(|r| ids[r * (t + 1)..r * (t + 1) + t].to_vec())
-        .collect();
-    let y: Vec<u32> = (0..b)
-        .flat_map(|r| ids[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec())
-        .collect();
-    Ok((
-        Tensor::from_u32(dev, &x, &[b, t])?,
-        Tensor::from_u32(dev, &y, &[b, t])?,
-    ))
+    common::next_token_batch(dev, b, t, vocab)
 }
 
 #[test]

@@ -85,20 +85,7 @@ fn gentle(c: ModelConfig) -> ModelConfig {
 
 /// Seeded ids (B, T + 1) cut into inputs (B, T) and next-token targets (B, T).
 fn batch(dev: &Device, b: usize, t: usize) -> Result<(Tensor, Tensor)> {
-    let v = VOCAB as u32;
-    let ids: Vec<u32> = (0..b * (t + 1))
-        .map(|i| (i as u32 * 7919 + 13) % v)
-        .collect();
-    let x: Vec<u32> = (0..b)
-        .flat_map(|r| ids[r * (t + 1)..r * (t + 1) + t].to_vec())
-        .collect();
-    let y: Vec<u32> = (0..b)
-        .flat_map(|r| ids[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec())
-        .collect();
-    Ok((
-        Tensor::from_u32(dev, &x, &[b, t])?,
-        Tensor::from_u32(dev, &y, &[b, t])?,
-    ))
+    common::next_token_batch(dev, b, t, VOCAB as u32)
 }
 
 /// A loss and every parameter's gradient by name.

@@ -264,17 +264,29 @@ fn check_args(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<usi
         t.expect_dtype(OP, DType::F32)?;
         x.expect_same_device(OP, t)?;
     }
+    norm_cols(OP, x, &[("gamma", gamma), ("beta", beta)], eps)
+}
+
+/// What a norm over the last dim checks of its operands besides their types (LayerNorm's and
+/// RMSNorm's): x of rank 1 or more, each named parameter of shape (C), eps finite and not
+/// negative, x within 32-bit indexing. Returns C.
+pub(super) fn norm_cols(
+    op: &'static str,
+    x: &Tensor,
+    params: &[(&str, &Tensor)],
+    eps: f32,
+) -> Result<usize> {
     let Some(&cols) = x.shape().last() else {
         return Err(Error::ShapeMismatch {
-            op: OP,
+            op,
             expected: "x of rank 1 or more, (..., C)".into(),
             got: vec![],
         });
     };
-    for (name, t) in [("gamma", gamma), ("beta", beta)] {
+    for (name, t) in params {
         if t.shape() != [cols] {
             return Err(Error::ShapeMismatch {
-                op: OP,
+                op,
                 expected: format!(
                     "{name} of shape [{cols}] (C, the last dim of x of shape {:?})",
                     x.shape()
@@ -285,13 +297,13 @@ fn check_args(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f32) -> Result<usi
     }
     if !(eps.is_finite() && eps >= 0.0) {
         return Err(Error::InvalidArgument {
-            op: OP,
+            op,
             reason: format!("eps must be finite and non-negative, got {eps}"),
         });
     }
     if x.numel() > u32::MAX as usize {
         return Err(Error::InvalidArgument {
-            op: OP,
+            op,
             reason: format!("{} elements exceed the kernels' 32-bit indexing", x.numel()),
         });
     }

@@ -15,12 +15,12 @@
 //! Shapes: x (..., C) seen as (rows, C); weight (C); rstd (rows).
 
 use crate::autograd::{record, Backward, BackwardCtx};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::graph::{coalesce_joint, DType, Tensor};
 use crate::kernels::layernorm::Write;
 use crate::kernels::rmsnorm::{self, RmsNormParams};
 use crate::ops::elementwise::launch_copy;
-use crate::ops::layernorm::{chunks, param_sums, rows_cols};
+use crate::ops::layernorm::{chunks, norm_cols, param_sums, rows_cols};
 use crate::ops::{check_store_dtype, Out};
 
 const OP: &str = "rms_norm";
@@ -205,36 +205,7 @@ fn check_args(x: &Tensor, weight: &Tensor, eps: f32) -> Result<usize> {
     }
     weight.expect_dtype(OP, DType::F32)?;
     x.expect_same_device(OP, weight)?;
-    let Some(&cols) = x.shape().last() else {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            expected: "x of rank 1 or more, (..., C)".into(),
-            got: vec![],
-        });
-    };
-    if weight.shape() != [cols] {
-        return Err(Error::ShapeMismatch {
-            op: OP,
-            expected: format!(
-                "weight of shape [{cols}] (C, the last dim of x of shape {:?})",
-                x.shape()
-            ),
-            got: weight.shape().to_vec(),
-        });
-    }
-    if !(eps.is_finite() && eps >= 0.0) {
-        return Err(Error::InvalidArgument {
-            op: OP,
-            reason: format!("eps must be finite and non-negative, got {eps}"),
-        });
-    }
-    if x.numel() > u32::MAX as usize {
-        return Err(Error::InvalidArgument {
-            op: OP,
-            reason: format!("{} elements exceed the kernels' 32-bit indexing", x.numel()),
-        });
-    }
-    Ok(cols)
+    norm_cols(OP, x, &[("weight", weight)], eps)
 }
 
 impl Tensor {

@@ -484,3 +484,20 @@ pub fn file_names(dir: &std::path::Path) -> Vec<String> {
     v.sort();
     v
 }
+
+/// Seeded ids (B, T + 1) below `vocab` cut into inputs (B, T) and next-token targets (B, T).
+pub fn next_token_batch(dev: &Device, b: usize, t: usize, vocab: u32) -> Result<(Tensor, Tensor)> {
+    let ids: Vec<u32> = (0..b * (t + 1))
+        .map(|i| (i as u32 * 7919 + 13) % vocab)
+        .collect();
+    let x: Vec<u32> = (0..b)
+        .flat_map(|r| ids[r * (t + 1)..r * (t + 1) + t].to_vec())
+        .collect();
+    let y: Vec<u32> = (0..b)
+        .flat_map(|r| ids[r * (t + 1) + 1..(r + 1) * (t + 1)].to_vec())
+        .collect();
+    Ok((
+        Tensor::from_u32(dev, &x, &[b, t])?,
+        Tensor::from_u32(dev, &y, &[b, t])?,
+    ))
+}
