@@ -23,7 +23,7 @@
 // over blocks of BC rows of the other side. The scores of a block (S, dP) run one FS x FS
 // fragment at a time (its accumulator a single variable: nothing indexes coop matrices at run
 // time) and are stored to the subgroup's f32 scratch rows; then the subgroup's lanes, LPR =
-// SGS / FS per row, each owning BC / LPR consecutive columns of its row, do the elementwise
+// SGS / FS per row, each owning every LPR-th column of its row, do the elementwise
 // work (mask, exp). Row statistics are combined across a row's lanes with subgroup shuffles.
 // The outputs (O; dQ; dK and dV) stay in accumulators across blocks, the subgroup's own rows'
 // operands (q; q and dO; k and v) in fragments (the OWN snippet), so the tiles take little
@@ -109,6 +109,12 @@ struct Params {
 // (positions, D) f32, 4 an entry: a row's D/2 cosines, then its D/2 sines (ROPE)
 @group(0) @binding(9) var<storage, read> rope: array<vec4<f32>>;
 
+// Measurement only (`WGRAD_ATTN_ABLATE`, results wrong): parts of the block loop left out.
+const ABL_SOFTMAX: bool = (ABLATE & 1u) != 0u;  // the elementwise work on the scores
+const ABL_STAGING: bool = (ABLATE & 2u) != 0u;  // every block's tiles but the first
+const ABL_SCORES: bool = (ABLATE & 4u) != 0u;   // the score products (S, dP) and their stores
+const ABL_OUT: bool = (ABLATE & 8u) != 0u;      // the output products
+
 const KIND_FWD: u32 = 0u;
 const KIND_BWD: u32 = 3u; // dQ and dK/dV, workgroups of both in one dispatch
 const BWD: bool = KIND != KIND_FWD;
@@ -121,21 +127,26 @@ const ROWS: u32 = SG * FS;
 const LPR: u32 = SGS / FS;                 // lanes per scratch row
 const DS: u32 = DMAX + 8u;                 // tile row stride (halves)
 const PS: u32 = BC + 8u;                   // P / dS row stride (halves)
-// Scratch row strides (f32), padded by 4 words: the LPR lanes of a row read consecutive words
-// and the rows of a fragment fall in different banks (an unpadded stride of 32 or 64 words put
-// all 16 rows of a fragment in one bank). Scores go through it, and output fragments one at a
+// Scratch row strides (f32), padded by 8 words: a lane reads its row's columns 4 at a time (16
+// bytes), the 8 lanes of a quarter subgroup (4 rows, 2 lanes a row at BC 16) 8 different bank
+// groups (a stride of BC + 4 put two of them in one; an unpadded stride of 32 or 64 words put all
+// 16 rows of a fragment in one bank). Scores go through it, and output fragments one at a
 // time: on the edge of T or D, and the forward's O where a subgroup rescales it (`rescale_out`:
 // where a row's max moves, and once at the end by 1 / l).
-const SW: u32 = BC + 4u;
-const SW2: u32 = BC + 4u;
+const SW: u32 = BC + 8u;
+const SW2: u32 = BC + 8u;
 const BW: u32 = BC / LPR;                  // a lane's columns of a [row][BC] block
+// A lane's columns are BW / 4 groups of 4, every LPR-th group of its row (`col4`).
+const_assert BW % 4u == 0u;
 const FE: u32 = FS * FS;                   // elements of a fragment
 // The score of a masked pair: finite, so exp(NEG_BIG - m) is 0 and exp(m_old - m_new) is
 // never NaN (every query row has key 0 in its first block, so m is finite after it).
 const NEG_BIG: f32 = -1e30;
 
-// The f16 tiles, regions of one array (halves), each [row][d] with row stride DS or, for P and
-// dS, [row][key] with row stride PS:
+// The f16 tiles, regions of one array of vectors of 4 halves (offsets and strides below in
+// halves, all multiples of 4; a cooperative load's pointer is the vector holding its first
+// half, its stride counted in vectors), each [row][d] with row stride DS or, for P and dS,
+// [row][key] with row stride PS:
 // - forward: k and v (BC rows each), P (ROWS rows);
 // - dQ: k and v, dS;
 // - dK/dV: q and dO (BC rows), P^T and dS^T (ROWS rows).
@@ -149,11 +160,12 @@ const DO_OFF: u32 = BC * DS;
 const PP_OFF: u32 = 2u * BC * DS;
 const DS_OFF: u32 = PP_OFF + ROWS * PS;
 const BLOCK_N: u32 = select(DS_OFF, PP_OFF, KIND == KIND_FWD) + ROWS * PS;
-var<workgroup> h_sh: array<f16, max(OWN_N, BLOCK_N)>;
-var<workgroup> sc: array<f32, ROWS * SW>;                           // scores / fragments out
-var<workgroup> sc2: array<f32, select(1u, ROWS * SW2, BWD)>;        // dP (dkv: dP^T)
-var<workgroup> lse_c: array<f32, select(1u, BC, BWD)>; // dK/dV: the block's queries
-var<workgroup> dvec_c: array<f32, select(1u, BC, BWD)>;
+var<workgroup> h_sh: array<vec4<f16>, max(OWN_N, BLOCK_N) / 4u>;
+// The scratch rows, f32 in vectors of 4 (indices below in elements, `sc4`, `sc_at`).
+var<workgroup> sc: array<vec4<f32>, ROWS * SW / 4u>;                    // scores / fragments out
+var<workgroup> sc2: array<vec4<f32>, select(1u, ROWS * SW2 / 4u, BWD)>; // dP (dkv: dP^T)
+var<workgroup> lse_c: array<vec4<f32>, select(1u, BC / 4u, BWD)>; // dK/dV: the block's queries
+var<workgroup> dvec_c: array<vec4<f32>, select(1u, BC / 4u, BWD)>;
 // The forward's one pass: how far (in the exponent) a block's row max may pass the row's
 // running max before that max moves and O is rescaled; P stays under e^8 (about 3000).
 const RESCALE: f32 = 8.0;
@@ -213,10 +225,7 @@ fn k_roped(a: At4, row0: u32) -> vec4<f32> {
 // arrive through registers a block ahead (`fetch_*`, then `put_*`).
 
 fn put4(off: u32, r: u32, d: u32, x: vec4<f32>, ok: bool) {
-    let h = vec4<f16>(select(vec4<f32>(), x, ok));
-    for (var c = 0u; c < 4u; c++) {
-        h_sh[off + r * DS + d + c] = h[c];
-    }
+    h_sh[(off + r * DS + d) / 4u] = vec4<f16>(select(vec4<f32>(), x, ok));
 }
 
 // Tile element e (4 elements a vector) of rows row0.. of `view` from the head at `base` (its
@@ -399,27 +408,31 @@ fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32, dkv: bool) {
 
 fn a_tile(off: u32, r0: u32, d0: u32) -> MA {
     let i = off + r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MA>(&h_sh[i], s);
+    let v = i / 4u;
+    let s = DS / 4u;
+    return coopLoadT<MA>(&h_sh[v], s);
 }
 
 fn a_pp(r0: u32, c0: u32) -> MA {
     let i = PP_OFF + r0 * PS + c0;
-    let s = PS;
-    return coopLoadT<MA>(&h_sh[i], s);
+    let v = i / 4u;
+    let s = PS / 4u;
+    return coopLoadT<MA>(&h_sh[v], s);
 }
 
 fn a_ds(r0: u32, c0: u32) -> MA {
     let i = DS_OFF + r0 * PS + c0;
-    let s = PS;
-    return coopLoadT<MA>(&h_sh[i], s);
+    let v = i / 4u;
+    let s = PS / 4u;
+    return coopLoadT<MA>(&h_sh[v], s);
 }
 
 // (d0.., rows c0..) of the transpose of the [row][d] tile at `off`: column-major.
 fn bt_tile(off: u32, c0: u32, d0: u32) -> MB {
     let i = off + c0 * DS + d0;
-    let s = DS;
-    return coopLoad<MB>(&h_sh[i], s);
+    let v = i / 4u;
+    let s = DS / 4u;
+    return coopLoad<MB>(&h_sh[v], s);
 }
 
 fn bt_k(c0: u32, d0: u32) -> MB {
@@ -433,8 +446,9 @@ fn bt_v(c0: u32, d0: u32) -> MB {
 // (rows r0.., d0..) of the [row][d] tile at `off` as a B operand: row-major.
 fn b_tile(off: u32, r0: u32, d0: u32) -> MB {
     let i = off + r0 * DS + d0;
-    let s = DS;
-    return coopLoadT<MB>(&h_sh[i], s);
+    let v = i / 4u;
+    let s = DS / 4u;
+    return coopLoadT<MB>(&h_sh[v], s);
 }
 
 fn b_k(r0: u32, d0: u32) -> MB {
@@ -471,30 +485,53 @@ fn b_out(c0: u32, d0: u32) -> MB {
     return b_k(c0, d0);
 }
 
+// Fragments to and from the scratch rows (columns c0.., a multiple of 4).
 fn store_sc(acc: MC, r0: u32, c0: u32) {
-    let i = r0 * SW + c0;
-    let s = SW;
+    let i = (r0 * SW + c0) / 4u;
+    let s = SW / 4u;
     coopStoreT(acc, &sc[i], s);
 }
 
 fn load_sc(r0: u32, c0: u32) -> MC {
-    let i = r0 * SW + c0;
-    let s = SW;
+    let i = (r0 * SW + c0) / 4u;
+    let s = SW / 4u;
     return coopLoadT<MC>(&sc[i], s);
 }
+
+fn store_sc2(acc: MC, r0: u32, c0: u32) {
+    let i = (r0 * SW2 + c0) / 4u;
+    let s = SW2 / 4u;
+    coopStoreT(acc, &sc2[i], s);
+}
+
+// Element i of the scratch, and the 4 from i (a multiple of 4).
+fn sc_at(i: u32) -> f32 {
+    return sc[i / 4u][i % 4u];
+}
+
+fn sc4(i: u32) -> vec4<f32> {
+    return sc[i / 4u];
+}
+
+fn sc2_4(i: u32) -> vec4<f32> {
+    return sc2[i / 4u];
+}
+
+// The first of a lane's k-th group of 4 columns of a [row][BC] block (part: its place among
+// its row's LPR lanes), and the 4 columns' offsets from it.
+fn col4(part: u32, k: u32) -> u32 {
+    return (part + k * LPR) * 4u;
+}
+
+const OFFS4: vec4<u32> = vec4<u32>(0u, 1u, 2u, 3u);
 
 // The lane's part of its scratch row `row` (the FS columns of a fragment stored there) times f.
 fn scale_row(row: u32, part: u32, f: f32) {
     let w = FS / LPR;
     for (var j = 0u; j < w; j++) {
-        sc[row * SW + part * w + j] *= f;
+        let i = row * SW + part * w + j;
+        sc[i / 4u][i % 4u] *= f;
     }
-}
-
-fn store_sc2(acc: MC, r0: u32, c0: u32) {
-    let i = r0 * SW2 + c0;
-    let s = SW2;
-    coopStoreT(acc, &sc2[i], s);
 }
 
 // Row max and row sum over the LPR lanes sharing a scratch row (consecutive lanes).
@@ -556,7 +593,7 @@ fn edge_out(which: u32, view: vec4<u32>, acc: bool, bh: u32, row0: u32, r0: u32,
             let d = d0 + c;
             if (t < p.t && d < p.d) {
                 let o = at(view, bh, t, d);
-                let x = sc[(r0 + r) * SW + c];
+                let x = sc_at((r0 + r) * SW + c);
                 put_word(which, o, bitcast<u32>(select(x, bitcast<f32>(word(which, o)) + x, acc)));
             }
         }
@@ -570,7 +607,7 @@ fn edge_out(which: u32, view: vec4<u32>, acc: bool, bh: u32, row0: u32, r0: u32,
         if (t < p.t && d < p.d) {
             let o = at(view, bh, t, d) / 2u;
             let i = (r0 + r) * SW + c;
-            var x = vec4<f32>(sc[i], sc[i + 1u], sc[i + 2u], sc[i + 3u]);
+            var x = sc4(i);
             if (acc) {
                 x += vec4<f32>(unpack2x16float(word(which, o)), unpack2x16float(word(which, o + 1u)));
             }
@@ -593,8 +630,8 @@ fn edge_rope(view: vec4<u32>, bh: u32, row0: u32, r0: u32, d0: u32, lane: u32) {
         if (t < p.t) {
             let i = (r0 + r) * SW + c;
             let j = (r0 + r) * SW2 + c;
-            let x = vec4<f32>(sc[i], sc[i + 1u], sc[i + 2u], sc[i + 3u]);
-            let y = vec4<f32>(sc2[j], sc2[j + 1u], sc2[j + 2u], sc2[j + 3u]);
+            let x = sc4(i);
+            let y = sc2_4(j);
             let row = ((p.start + t) * p.d + d0 + c) / 4u;
             let cs = rope[row];
             let sn = rope[row + half / 4u];
@@ -675,15 +712,30 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     var l = 0.0;
     zero_out();
     for (var k0 = 0u; k0 < keys; k0 += BC) {
-        kv_block(kv, k0, keys, lid);
-        for (var c0 = 0u; c0 < BC; c0 += FS) {
-            s_only(r0, c0);
+        if (!ABL_STAGING || k0 == 0u) {
+            kv_block(kv, k0, keys, lid);
+        }
+        if (!ABL_SCORES) {
+            for (var c0 = 0u; c0 < BC; c0 += FS) {
+                s_only(r0, c0);
+            }
         }
         own_sync();
+        if (ABL_SOFTMAX) {
+            own_sync();
+            if (!ABL_OUT) {
+                add_out(r0);
+            }
+            continue;
+        }
+        // The lane's scores, read once, 4 at a time (masked: NEG_BIG, whose exp below is 0).
+        var sv: array<vec4<f32>, BW / 4u>;
         var mx = NEG_BIG;
-        for (var j = 0u; j < BW; j++) {
-            let c = part * BW + j;
-            mx = max(mx, select(NEG_BIG, sc[row * SW + c], k0 + c <= qi));
+        for (var k = 0u; k < BW / 4u; k++) {
+            let c = col4(part, k);
+            let x = select(vec4<f32>(NEG_BIG), sc4(row * SW + c), vec4<u32>(k0 + c) + OFFS4 <= vec4<u32>(qi));
+            sv[k] = x;
+            mx = max(mx, max(max(x.x, x.y), max(x.z, x.w)));
         }
         mx = row_max(mx);
         // The first block holds key 0, so every row's max is finite after it (and O is still
@@ -691,12 +743,11 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         let moves = (k0 == 0u) | (mx > m + RESCALE);
         let m_new = select(m, mx, moves);
         var sum = 0.0;
-        for (var j = 0u; j < BW; j++) {
-            let c = part * BW + j;
-            let valid = (k0 + c <= qi) & (qi < p.t);
-            let pc = select(0.0, exp(sc[row * SW + c] - m_new), valid);
-            sum += pc;
-            h_sh[PP_OFF + row * PS + c] = f16(pc);
+        for (var k = 0u; k < BW / 4u; k++) {
+            let c = col4(part, k);
+            let pc = select(vec4<f32>(), exp(sv[k] - m_new), qi < p.t);
+            sum += pc.x + pc.y + pc.z + pc.w;
+            h_sh[(PP_OFF + row * PS + c) / 4u] = vec4<f16>(pc);
         }
         let f = select(1.0, exp(m - m_new), moves);
         l = l * f + row_sum(sum);
@@ -707,7 +758,9 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         if (subgroupAny(moves & (k0 > 0u))) {
             rescale_out(r0, row, part, f);
         }
-        add_out(r0);
+        if (!ABL_OUT) {
+            add_out(r0);
+        }
     }
     rescale_out(r0, row, part, select(0.0, 1.0 / l, l > 0.0));
     if (direct) {
@@ -769,23 +822,30 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         let keys = min(q0 + ROWS, p.t);
         for (var k0 = 0u; k0 < keys; k0 += BC) {
-            kv_block(kv, k0, keys, lid);
+            if (!ABL_STAGING || k0 == 0u) {
+                kv_block(kv, k0, keys, lid);
+            }
             // S = (scale q) k^T and dP = dO v^T.
-            for (var c0 = 0u; c0 < BC; c0 += FS) {
-                s_dp(r0, c0);
+            if (!ABL_SCORES) {
+                for (var c0 = 0u; c0 < BC; c0 += FS) {
+                    s_dp(r0, c0);
+                }
             }
             own_sync();
             // dS = P (dP - D), P = exp(S - lse) on unmasked pairs; times scale, so that
             // dQ = (scale dS) k.
-            for (var j = 0u; j < BW; j++) {
-                let c = part * BW + j;
-                let valid = k0 + c <= qi && qi < p.t;
-                let pc = select(0.0, exp(sc[row * SW + c] - lse_i), valid);
-                h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec) * p.scale);
+            for (var k = 0u; k < select(BW / 4u, 0u, ABL_SOFTMAX); k++) {
+                let c = col4(part, k);
+                let valid = (vec4<u32>(k0 + c) + OFFS4 <= vec4<u32>(qi)) & vec4<bool>(qi < p.t);
+                let pc = select(vec4<f32>(), exp(sc4(row * SW + c) - lse_i), valid);
+                let ds = pc * (sc2_4(row * SW2 + c) - dvec) * p.scale;
+                h_sh[(DS_OFF + row * PS + c) / 4u] = vec4<f16>(ds);
             }
             own_sync();
             // dQ += (scale dS) k.
-            add_out(r0);
+            if (!ABL_OUT) {
+                add_out(r0);
+            }
         }
         if (direct) {
             store_out(bh, q0, r0, p.dq);
@@ -826,21 +886,24 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         for (var g = 0u; g < p.group; g++) {
             let bh = bh0 + g;
             for (var q0 = first; q0 < p.t; q0 += BC) {
-                if (!PREFETCH) {
+                let staged = !ABL_STAGING || (q0 == first && g == 0u);
+                if (!PREFETCH && staged) {
                     fetch_q(bh, q0, lid);
                     fetch_do(bh, q0, lid);
                     fetch_ld(bh, q0, lid);
                 }
+                if (staged) {
                 workgroupBarrier(); // h_sh, lse_c, dvec_c: the previous block (or own rows) is done
                 put_nx0(p.q, bh, q0, Q_OFF, p.scale, lid);
                 put_nx1(p.dout, bh, q0, DO_OFF, lid);
                 if (lid < BC) {
                     let inside = q0 + lid < p.t;
-                    lse_c[lid] = select(0.0, nl, inside);
-                    dvec_c[lid] = select(0.0, nd, inside);
+                    lse_c[lid / 4u][lid % 4u] = select(0.0, nl, inside);
+                    dvec_c[lid / 4u][lid % 4u] = select(0.0, nd, inside);
                 }
                 workgroupBarrier();
-                if (PREFETCH) {
+                }
+                if (PREFETCH && staged) {
                     if (q0 + BC < p.t) {
                         fetch_q(bh, q0 + BC, lid);
                         fetch_do(bh, q0 + BC, lid);
@@ -851,22 +914,27 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                         fetch_ld(bh + 1u, first, lid);
                     }
                 }
-                for (var c0 = 0u; c0 < BC; c0 += FS) {
-                    s_dp(r0, c0);
+                if (!ABL_SCORES) {
+                    for (var c0 = 0u; c0 < BC; c0 += FS) {
+                        s_dp(r0, c0);
+                    }
                 }
                 own_sync();
-                for (var j = 0u; j < BW; j++) {
-                    let c = part * BW + j;
-                    let qc = q0 + c;
-                    let valid = kj <= qc && qc < p.t;
-                    let pc = select(0.0, exp(sc[row * SW + c] - lse_c[c]), valid);
-                    h_sh[PP_OFF + row * PS + c] = f16(pc);
-                    h_sh[DS_OFF + row * PS + c] = f16(pc * (sc2[row * SW2 + c] - dvec_c[c]));
+                for (var k = 0u; k < select(BW / 4u, 0u, ABL_SOFTMAX); k++) {
+                    let c = col4(part, k);
+                    let qc = vec4<u32>(q0 + c) + OFFS4;
+                    let valid = (vec4<u32>(kj) <= qc) & (qc < vec4<u32>(p.t));
+                    let pc = select(vec4<f32>(), exp(sc4(row * SW + c) - lse_c[c / 4u]), valid);
+                    let o = row * PS + c;
+                    h_sh[(PP_OFF + o) / 4u] = vec4<f16>(pc);
+                    h_sh[(DS_OFF + o) / 4u] = vec4<f16>(pc * (sc2_4(row * SW2 + c) - dvec_c[c / 4u]));
                 }
                 own_sync();
                 // dK += dS^T (scale q), dV += P^T dO.
-                add_out(r0);
-                add_dv(r0);
+                if (!ABL_OUT) {
+                    add_out(r0);
+                    add_dv(r0);
+                }
             }
         }
         if (direct) {

@@ -13,7 +13,7 @@ use crate::kernels::matmul::Tile;
 use crate::kernels::matmul_coop::{Ablation, CoopTile};
 
 /// The measurement switches, whichever the build.
-pub const LAB_ONLY: [&str; 17] = [
+pub const LAB_ONLY: [&str; 18] = [
     "WGRAD_MATMUL_TILE",
     "WGRAD_COOP_TILE",
     "WGRAD_ATTN_TILE",
@@ -25,6 +25,7 @@ pub const LAB_ONLY: [&str; 17] = [
     "WGRAD_TIMING_TRACE",
     "WGRAD_SKIP_KERNELS",
     "WGRAD_COOP_ABLATE",
+    "WGRAD_ATTN_ABLATE",
     "WGRAD_COOP_PAD_SMEM",
     "WGRAD_BIAS_GRAD",
     "WGRAD_LN_CHUNKS",
@@ -41,6 +42,11 @@ pub fn variables() -> &'static [&'static str] {
         &[]
     }
 }
+
+/// The parts of the cooperative-matrix attention's block loop `WGRAD_ATTN_ABLATE` leaves out,
+/// bit i for part i (attention_coop.wgsl's ABLATE).
+#[cfg(feature = "lab")]
+const ATTN_ABLATE_PARTS: [&str; 5] = ["softmax", "staging", "scores", "out", "sync"];
 
 type Row = (&'static str, &'static str, String, &'static str);
 
@@ -105,6 +111,10 @@ mod imp {
             Ablation::NONE
         }
 
+        pub fn attention_ablation(&self) -> u32 {
+            0
+        }
+
         pub fn bias_grad_in_product(&self) -> Option<bool> {
             None
         }
@@ -158,6 +168,9 @@ mod imp {
         pub skip_kernels: Vec<String>,
         /// `WGRAD_COOP_ABLATE=...` and `WGRAD_COOP_PAD_SMEM=BYTES` (results wrong).
         pub ablation: Ablation,
+        /// `WGRAD_ATTN_ABLATE=softmax,staging,scores,out,sync`: parts of the cooperative-matrix
+        /// attention's block loop left out (results wrong), a bit each (`ATTN_ABLATE_PARTS`).
+        pub attention_ablation: u32,
         /// `WGRAD_BIAS_GRAD=product|reduce`: where a linear's bias gradient comes from.
         pub bias_grad_in_product: Option<bool>,
         /// `WGRAD_LN_CHUNKS=MAX,MIN_ROWS`: the LayerNorm backward's chunks of rows.
@@ -274,6 +287,20 @@ mod imp {
                     )
                 })?;
             }
+            if let Some(v) = get("WGRAD_ATTN_ABLATE") {
+                for part in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    let bit = ATTN_ABLATE_PARTS
+                        .iter()
+                        .position(|&p| p == part)
+                        .ok_or_else(|| {
+                            bad(
+                                "WGRAD_ATTN_ABLATE",
+                                format!("`{part}` is not one of {}", ATTN_ABLATE_PARTS.join(", ")),
+                            )
+                        })?;
+                    l.attention_ablation |= 1 << bit;
+                }
+            }
             if let Some(v) = get("WGRAD_COOP_PAD_SMEM") {
                 l.ablation.pad_bytes = number("WGRAD_COOP_PAD_SMEM", v)? as u32;
             }
@@ -320,6 +347,12 @@ mod imp {
                     "coop tile",
                     o(self.coop_tile.map(|t| t.name())),
                     "WGRAD_COOP_TILE",
+                ),
+                (
+                    "lab",
+                    "attention ablation",
+                    format!("{:#x}", self.attention_ablation),
+                    "WGRAD_ATTN_ABLATE",
                 ),
                 (
                     "lab",
@@ -440,6 +473,10 @@ mod imp {
 
         pub fn ablation(&self) -> Ablation {
             self.ablation
+        }
+
+        pub fn attention_ablation(&self) -> u32 {
+            self.attention_ablation
         }
 
         pub fn bias_grad_in_product(&self) -> Option<bool> {

@@ -145,9 +145,10 @@ impl Tile {
             Pass::Dq | Pass::Dkv => 2 * bc * ds + 2 * rows * ps, // one kernel: P and dS
         };
         let halves = block.max(rows * ds);
-        let one = |used: bool, n: u32| if used { n } else { 1 };
-        let floats = rows * (bc + 4) // sc
-            + one(bwd, rows * (bc + 4)) // sc2
+        // The f32 arrays are of vectors of 4: an unused one takes one vector.
+        let one = |used: bool, n: u32| if used { n } else { 4 };
+        let floats = rows * (bc + 8) // sc
+            + one(bwd, rows * (bc + 8)) // sc2
             + 2 * one(bwd, bc); // lse_c, dvec_c
         2 * halves + 4 * floats
     }
@@ -167,9 +168,10 @@ pub fn tile_or(
     max_workgroup_bytes: u32,
     forced: Option<(u32, u32)>,
 ) -> Option<Tile> {
-    // Every pass keeps its outputs in accumulators, so 4 x 16 takes 18-21 KiB at D = 64 (the
-    // backward 27 KiB at D = 128) and two workgroups share a core (NVIDIA's Vulkan driver gives a core about 48 KiB of workgroup
-    // memory; PROFILING.md). DistilGPT-2 at 4 x 128 on an H200, 2026-11-24: 2 x 16 ran the
+    // Every pass keeps its outputs in accumulators, so 4 x 16 takes 15 KiB (forward) and 23 KiB
+    // (backward) at D = 64, the backward 29 KiB at D = 128, and two or three workgroups share a
+    // core (NVIDIA's Vulkan driver gives a core about 48 KiB of workgroup memory;
+    // PROFILING.md). DistilGPT-2 at 4 x 128 on an H200, 2026-11-24: 2 x 16 ran the
     // forward in 32 us against 36 (4 x 16) but dQ in 42 against 36, 1 x 16 slower still.
     let candidates: &[(u32, u32)] = &[(4, 16), (2, 16), (1, 16)];
     forced
@@ -179,6 +181,7 @@ pub fn tile_or(
         .find(|t| {
             t.dmax.is_multiple_of(coop.fs)
                 && t.bc.is_multiple_of(coop.fs)
+                && (t.bc * coop.fs / coop.sgs).is_multiple_of(4) // a lane's columns, 4 at a time
                 && t.bc <= t.sg * coop.sgs // a lane fetches a block's lse and D
                 && t.workgroup_bytes(pass, coop) <= max_workgroup_bytes
         })
@@ -246,6 +249,18 @@ pub fn spec(pass: Pass, t: Tile, coop: Coop, acc_a: bool, acc_b: bool, io: Io) -
         .source("OWN", own_source(t.dmax / coop.fs, coop.fs, out32))
         .source("SYNC", SYNC_SUBGROUP)
         .bool("ROPE", false)
+        .u32("ABLATE", 0)
+}
+
+/// `spec` with parts of its block loop left out (a `lab` build's `WGRAD_ATTN_ABLATE`; the
+/// results are wrong): bits of attention_coop.wgsl's ABLATE, 16 the subgroup waits.
+pub fn ablated(spec: Spec, bits: u32) -> Spec {
+    let spec = spec.with_u32("ABLATE", bits);
+    if bits & 16 != 0 {
+        spec.with_source("SYNC", "fn own_sync() {\n}\n")
+    } else {
+        spec
+    }
 }
 
 /// Whether the kernels take a rotary embedding at head dim `d` on `coop`: D fills its padded

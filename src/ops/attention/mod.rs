@@ -78,9 +78,15 @@ fn coop_spec(
     io: Io,
 ) -> Spec {
     let spec = attention_coop::spec(pass, t, coop, acc_a, acc_b, io);
-    match device.options().kernels.attention_sync {
+    let ablate = device.options().lab.attention_ablation();
+    let spec = match device.options().kernels.attention_sync {
         AttentionSync::Subgroup => spec,
         AttentionSync::Workgroup => attention_coop::workgroup_sync(spec),
+    };
+    if ablate == 0 {
+        spec
+    } else {
+        attention_coop::ablated(spec, ablate)
     }
 }
 
