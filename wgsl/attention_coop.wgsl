@@ -154,13 +154,8 @@ const NEG_BIG: f32 = -1e30;
 // - dQ: k and v, dS;
 // - dK/dV: q and dO (BC rows), P^T and dS^T (ROWS rows).
 // Before the loop over blocks the workgroup's own rows (q; q, then dO; k, then v) pass through
-// the start of the array on their way into the subgroups' fragments, OWN_ROWS at a time.
-// The own rows pass in chunks of OWN_ROWS (a workgroup of more than 64 rows stages them in
-// turns, so that they take no more of the array than the blocks' tiles).
-const OWN_ROWS: u32 = min(ROWS, 64u);
-const OWN_CHUNKS: u32 = ROWS / OWN_ROWS;
-const_assert ROWS % OWN_ROWS == 0u;
-const OWN_N: u32 = OWN_ROWS * DS;
+// the start of the array on their way into the subgroups' fragments.
+const OWN_N: u32 = ROWS * DS;
 const Q_OFF: u32 = 0u;
 const K_OFF: u32 = 0u;
 const V_OFF: u32 = BC * DS;
@@ -253,11 +248,11 @@ fn at4(view: vec4<u32>, base: u32, row0: u32, e: u32) -> At4 {
     return At4(select(0u, (base + (row0 + r) * view.w + d) / 4u, ok), r, d, ok);
 }
 
-// OWN_ROWS of the workgroup's own rows, from row0 (one function per source: each entry point
-// binds only what it reads).
+// The workgroup's own rows row0.. (one function per source: each entry point binds only what
+// it reads).
 fn stage_q(bh: u32, row0: u32, lid: u32) {
     let base = head(p.q, bh);
-    for (var e = lid; e < OWN_ROWS * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.q, base, row0, e);
         put4(0u, a.r, a.d, q_roped(a, row0) * p.scale, a.ok);
     }
@@ -265,7 +260,7 @@ fn stage_q(bh: u32, row0: u32, lid: u32) {
 
 fn stage_do(bh: u32, row0: u32, lid: u32) {
     let base = head(p.dout, bh);
-    for (var e = lid; e < OWN_ROWS * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.dout, base, row0, e);
         put4(0u, a.r, a.d, gf(dout[a.i]), a.ok);
     }
@@ -273,7 +268,7 @@ fn stage_do(bh: u32, row0: u32, lid: u32) {
 
 fn stage_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
-    for (var e = lid; e < OWN_ROWS * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.k, base, row0, e);
         put4(0u, a.r, a.d, k_roped(a, row0), a.ok);
     }
@@ -281,7 +276,7 @@ fn stage_k(bh: u32, row0: u32, lid: u32) {
 
 fn stage_v(bh: u32, row0: u32, lid: u32) {
     let base = head(p.v, bh);
-    for (var e = lid; e < OWN_ROWS * DMAX / 4u; e += WG) {
+    for (var e = lid; e < ROWS * DMAX / 4u; e += WG) {
         let a = at4(p.v, base, row0, e);
         put4(0u, a.r, a.d, qf(v[a.i]), a.ok);
     }
@@ -398,49 +393,22 @@ fn kv_block(bh: u32, k0: u32, keys: u32, lid: u32) {
 
 // The backward's own rows row0.. (dQ: scale * q, then dO; dK/dV: k, then v) through the start
 // of h_sh into the subgroups' fragments (own_a, own_b; rows r0.. of the subgroup).
-// The subgroup whose rows r0.. are in chunk c loads its fragments in that chunk's turn.
 fn own_rows(bh: u32, row0: u32, r0: u32, lid: u32, dkv: bool) {
-    for (var c = 0u; c < OWN_CHUNKS; c++) {
-        let rc = row0 + c * OWN_ROWS;
-        let mine = subgroupAny(r0 / OWN_ROWS == c);
-        if (c > 0u) {
-            workgroupBarrier(); // the previous chunk's fragments are loaded
-        }
-        if (!dkv) {
-            stage_q(bh, rc, lid);
-        } else {
-            stage_k(bh, rc, lid);
-        }
-        workgroupBarrier();
-        if (mine) {
-            own_a(r0 % OWN_ROWS);
-        }
-        workgroupBarrier();
-        if (!dkv) {
-            stage_do(bh, rc, lid);
-        } else {
-            stage_v(bh, rc, lid);
-        }
-        workgroupBarrier();
-        if (mine) {
-            own_b(r0 % OWN_ROWS);
-        }
+    if (!dkv) {
+        stage_q(bh, row0, lid);
+    } else {
+        stage_k(bh, row0, lid);
     }
-}
-
-// The forward's own rows (scale * q), as `own_rows`.
-fn own_q(bh: u32, row0: u32, r0: u32, lid: u32) {
-    for (var c = 0u; c < OWN_CHUNKS; c++) {
-        let mine = subgroupAny(r0 / OWN_ROWS == c);
-        if (c > 0u) {
-            workgroupBarrier(); // the previous chunk's fragments are loaded
-        }
-        stage_q(bh, row0 + c * OWN_ROWS, lid);
-        workgroupBarrier();
-        if (mine) {
-            own_a(r0 % OWN_ROWS);
-        }
+    workgroupBarrier();
+    own_a(r0);
+    workgroupBarrier();
+    if (!dkv) {
+        stage_do(bh, row0, lid);
+    } else {
+        stage_v(bh, row0, lid);
     }
+    workgroupBarrier();
+    own_b(r0);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -737,7 +705,9 @@ fn attn_coop_fwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         fetch_k(kv, 0u, lid);
         fetch_v(kv, 0u, lid);
     }
-    own_q(bh, q0, r0, lid);
+    stage_q(bh, q0, lid);
+    workgroupBarrier();
+    own_a(r0);
     let keys = min(q0 + ROWS, p.t);
     // (Computed here from the workgroup id: naga takes it as uniform, and cooperative
     // operations need uniform control flow.)

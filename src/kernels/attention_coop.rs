@@ -144,7 +144,7 @@ impl Tile {
             Pass::Forward => 2 * bc * ds + rows * ps,
             Pass::Dq | Pass::Dkv => 2 * bc * ds + 2 * rows * ps, // one kernel: P and dS
         };
-        let halves = block.max(rows.min(64) * ds); // the own rows, 64 at a time
+        let halves = block.max(rows * ds);
                                                    // The f32 arrays are of vectors of 4: an unused one takes one vector.
         let one = |used: bool, n: u32| if used { n } else { 4 };
         let floats = rows * (bc + 8) // sc
