@@ -519,6 +519,7 @@ mod tests {
             ("WGRAD_SKIP_KERNELS", "attn_fwd,adamw"),
             ("WGRAD_SCHEDULE", "recorded"),
             ("WGRAD_COOP_ABLATE", "nostore"),
+            ("WGRAD_ATTN_ABLATE", "softmax,puts"),
         ])
         .expect("read");
         let lab = &o.lab;
@@ -534,10 +535,12 @@ mod tests {
         assert!(lab.skips("adamw") && !lab.skips("matmul"));
         assert_eq!(lab.schedule_window(), Some(0));
         assert!(lab.ablation().leaves_out("nostore") && !lab.ablation().leaves_out("noglobal"));
+        assert_eq!(lab.attention_ablation(), 1 | 64);
         assert!(o.variables_set().contains(&"WGRAD_COOP_TILE"));
         for (name, value) in [
             ("WGRAD_COOP_TILE", "2x2"),
             ("WGRAD_COOP_ABLATE", "nothing"),
+            ("WGRAD_ATTN_ABLATE", "softmax,all"),
             ("WGRAD_LN_CHUNKS", "0,2"),
         ] {
             let e = Options::from_vars(&[(name, value)])

@@ -145,7 +145,7 @@ impl Tile {
             Pass::Dq | Pass::Dkv => 2 * bc * ds + 2 * rows * ps, // one kernel: P and dS
         };
         let halves = block.max(rows * ds);
-                                                   // The f32 arrays are of vectors of 4: an unused one takes one vector.
+        // The f32 arrays are of vectors of 4: an unused one takes one vector.
         let one = |used: bool, n: u32| if used { n } else { 4 };
         let floats = rows * (bc + 8) // sc
             + one(bwd, rows * (bc + 8)) // sc2
