@@ -23,8 +23,8 @@
 // over blocks of BC rows of the other side. The scores of a block (S, dP) run one FS x FS
 // fragment at a time (its accumulator a single variable: nothing indexes coop matrices at run
 // time) and are stored to the subgroup's f32 scratch rows; then the subgroup's lanes, LPR =
-// SGS / FS per row, each owning every LPR-th column of its row, do the elementwise
-// work (mask, exp). Row statistics are combined across a row's lanes with subgroup shuffles.
+// SGS / FS per row, each owning every LPR-th group of 4 columns of its row (read and written 4
+// at a time), do the elementwise work (mask, exp). Row statistics are combined across a row's lanes with subgroup shuffles.
 // The outputs (O; dQ; dK and dV) stay in accumulators across blocks, the subgroup's own rows'
 // operands (q; q and dO; k and v) in fragments (the OWN snippet), so the tiles take little
 // workgroup memory and two workgroups share a core (NVIDIA's Vulkan driver gives a core about
