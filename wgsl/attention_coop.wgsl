@@ -117,6 +117,8 @@ const ABL_OUT: bool = (ABLATE & 8u) != 0u;      // the output products
 // (16: the subgroups' own waits, in the launcher's SYNC snippet)
 const ABL_BARRIERS: bool = (ABLATE & 32u) != 0u; // the block staging's workgroup barriers
 const ABL_PUTS: bool = (ABLATE & 64u) != 0u;     // the block staging's stores into the tiles
+// The rotary embedding (ROPE) as the kernels apply it: off with 128 (q and k taken as rotated).
+const ROPE_ON: bool = ROPE && (ABLATE & 128u) == 0u;
 
 const KIND_FWD: u32 = 0u;
 const KIND_BWD: u32 = 3u; // dQ and dK/dV, workgroups of both in one dispatch
@@ -207,14 +209,14 @@ fn partner4(a: At4) -> u32 {
 
 // Vector i (a) of q or k as the scores see it: rotated under ROPE.
 fn q_roped(a: At4, row0: u32) -> vec4<f32> {
-    if (!ROPE) {
+    if (!ROPE_ON) {
         return qf(q[a.i]);
     }
     return rope4(qf(q[a.i]), qf(q[partner4(a)]), select(0u, row0 + a.r, a.ok), select(0u, a.d, a.ok));
 }
 
 fn k_roped(a: At4, row0: u32) -> vec4<f32> {
-    if (!ROPE) {
+    if (!ROPE_ON) {
         return qf(k[a.i]);
     }
     return rope4(qf(k[a.i]), qf(k[partner4(a)]), select(0u, row0 + a.r, a.ok), select(0u, a.d, a.ok));
@@ -300,7 +302,7 @@ fn fetch_k(bh: u32, row0: u32, lid: u32) {
     for (var j = 0u; j < VPL; j++) {
         let a = at4(p.k, base, row0, lid + j * WG);
         nx0[j] = k[a.i];
-        if (ROPE) {
+        if (ROPE_ON) {
             nxp[j] = k[partner4(a)];
         }
     }
@@ -318,7 +320,7 @@ fn fetch_q(bh: u32, row0: u32, lid: u32) {
     for (var j = 0u; j < VPL; j++) {
         let a = at4(p.q, base, row0, lid + j * WG);
         nx0[j] = q[a.i];
-        if (ROPE) {
+        if (ROPE_ON) {
             nxp[j] = q[partner4(a)];
         }
     }
@@ -348,7 +350,7 @@ fn put_nx0(view: vec4<u32>, bh: u32, row0: u32, off: u32, s: f32, lid: u32) {
         if (e < BLOCK_V) {
             let a = at4(view, base, row0, e);
             var x = qf(nx0[j]);
-            if (ROPE) {
+            if (ROPE_ON) {
                 x = rope4(x, qf(nxp[j]), select(0u, row0 + a.r, a.ok), select(0u, a.d, a.ok));
             }
             put4(off, a.r, a.d, x * s, a.ok);
@@ -823,7 +825,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             lse_i = lse[bh * p.t + qi];
             dvec = aux[bh * p.t + qi];
         }
-        let direct = DIRECT_OUT && !ROPE && q0 + ROWS <= p.t && p.d == DMAX
+        let direct = DIRECT_OUT && !ROPE_ON && q0 + ROWS <= p.t && p.d == DMAX
             && all(p.dq % vec4<u32>(4u) == vec4<u32>());
         zero_out();
         if (direct) {
@@ -858,7 +860,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         }
         if (direct) {
             store_out(bh, q0, r0, p.dq);
-        } else if (ROPE) {
+        } else if (ROPE_ON) {
             edge_store_rope(bh, q0, r0, lane, p.dq);
         } else {
             edge_store(bh, q0, r0, lane, p.dq);
@@ -884,7 +886,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             fetch_ld(bh0, first, lid);
         }
         own_rows(bhk, k0, r0, lid, true);
-        let direct = DIRECT_OUT && !ROPE && k0 + ROWS <= p.t && p.d == DMAX
+        let direct = DIRECT_OUT && !ROPE_ON && k0 + ROWS <= p.t && p.d == DMAX
             && all(p.dk % vec4<u32>(4u) == vec4<u32>())
             && all(p.dv % vec4<u32>(4u) == vec4<u32>());
         zero_out();
@@ -954,7 +956,7 @@ fn attn_coop_bwd(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             store_out(bhk, k0, r0, p.dk);
             store_dv(bhk, k0, r0);
         } else {
-            if (ROPE) {
+            if (ROPE_ON) {
                 edge_store_rope(bhk, k0, r0, lane, p.dk);
             } else {
                 edge_store(bhk, k0, r0, lane, p.dk);

@@ -46,8 +46,8 @@ pub fn variables() -> &'static [&'static str] {
 /// The parts of the cooperative-matrix attention's block loop `WGRAD_ATTN_ABLATE` leaves out,
 /// bit i for part i (attention_coop.wgsl's ABLATE).
 #[cfg(feature = "lab")]
-const ATTN_ABLATE_PARTS: [&str; 7] = [
-    "softmax", "staging", "scores", "out", "sync", "barriers", "puts",
+const ATTN_ABLATE_PARTS: [&str; 8] = [
+    "softmax", "staging", "scores", "out", "sync", "barriers", "puts", "rope",
 ];
 
 type Row = (&'static str, &'static str, String, &'static str);
@@ -170,7 +170,7 @@ mod imp {
         pub skip_kernels: Vec<String>,
         /// `WGRAD_COOP_ABLATE=...` and `WGRAD_COOP_PAD_SMEM=BYTES` (results wrong).
         pub ablation: Ablation,
-        /// `WGRAD_ATTN_ABLATE=softmax,staging,scores,out,sync,barriers,puts`: parts of the cooperative-matrix
+        /// `WGRAD_ATTN_ABLATE=softmax,staging,scores,out,sync,barriers,puts,rope`: parts of the cooperative-matrix
         /// attention's block loop left out (results wrong), a bit each (`ATTN_ABLATE_PARTS`).
         pub attention_ablation: u32,
         /// `WGRAD_BIAS_GRAD=product|reduce`: where a linear's bias gradient comes from.
