@@ -1,7 +1,8 @@
-//! Launcher of `wgsl/attention_coop.wgsl`: fused causal attention on cooperative matrices, the
-//! mixed-precision counterpart of `attention` (same params and algorithm, the forward in one
-//! pass with its row max kept stale; f16 products, f32 softmax and accumulation; its backward
-//! is one dispatch of both passes after `wgsl/attention_d.wgsl`'s D). Chosen for an autocast
+//! Launcher of `wgsl/attention_coop.wgsl` (and `attention_coop_passes.wgsl`, composed after it):
+//! fused causal attention on cooperative matrices, the mixed-precision counterpart of
+//! `attention` (same params and algorithm, the forward in one pass with its row max kept stale;
+//! f16 products, f32 softmax and accumulation; its backward is one dispatch of both passes
+//! after `wgsl/attention_d.wgsl`'s D). Chosen for an autocast
 //! forward on adapters with cooperative matrices, when D and every view's offset and strides
 //! are multiples of 4 (the kernels read q, k, v, dO four elements at a time). q, k, v, dO and
 //! the outputs are each f32 or f16 (`Io`).
@@ -12,7 +13,10 @@ use super::{Access, DType, Family, KernelDesc, Spec};
 
 pub static FAMILY: Family = Family {
     name: "attention_coop",
-    source: include_str!("../../wgsl/attention_coop.wgsl"),
+    source: concat!(
+        include_str!("../../wgsl/attention_coop.wgsl"),
+        include_str!("../../wgsl/attention_coop_passes.wgsl")
+    ),
     workgroup_reduce: false,
 };
 
