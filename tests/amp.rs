@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::private_dev;
+use common::{private_dev, relative};
 use wgrad::nn::{Decoder, ModelConfig};
 use wgrad::optim::{AdamWConfig, LossScaleConfig, LrSchedule};
 use wgrad::session::{Event, RunControl, TrainOptions, TrainSession};
@@ -266,18 +266,8 @@ fn amp_gradients_match_f32_within_f16_rounding() -> Result<()> {
     let (l16, g16) = &runs[1];
     assert!((l32 - l16).abs() < 1e-3 * l32, "loss {l16} vs {l32}");
     for ((name, a), (_, b)) in g16.iter().zip(g32) {
-        let norm = b.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-        let diff = a
-            .iter()
-            .zip(b)
-            .map(|(x, y)| (x - y) * (x - y))
-            .sum::<f32>()
-            .sqrt();
-        assert!(
-            diff / norm < 1e-2,
-            "{name}: relative gradient error {:.2e}",
-            diff / norm
-        );
+        let err = relative(a, b);
+        assert!(err < 1e-2, "{name}: relative gradient error {err:.2e}");
     }
     Ok(())
 }

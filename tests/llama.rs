@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{assert_close, private_dev};
+use common::{assert_close, private_dev, relative};
 use wgrad::model::{Generator, HfConfig};
 use wgrad::nn::{Decoder, Family, Kernels, ModelConfig};
 use wgrad::optim::{AdamW, AdamWConfig};
@@ -191,18 +191,6 @@ fn cached_generation_gives_the_full_forwards_logits() -> Result<()> {
         assert_eq!(gen.len(), t);
     }
     Ok(())
-}
-
-/// The relative error of `a` against `b` in the 2-norm.
-fn relative(a: &[f32], b: &[f32]) -> f32 {
-    let norm = b.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-    let diff = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum::<f32>()
-        .sqrt();
-    diff / norm
 }
 
 /// As tests/amp.rs for GPT-2: one mixed-precision backward against f32's, each gradient within

@@ -76,7 +76,6 @@ def run(args, b, t):
     out = with_backend(forward)
 
     def backward():
-        q.grad = k.grad = v.grad = None
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
 
     fwd_us = timed(torch, lambda: with_backend(forward), args.warmup, args.reps)

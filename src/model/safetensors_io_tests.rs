@@ -1,12 +1,12 @@
 //! Tests of safetensors load and save on a small GPT-2 (V 50, P 8, C 16, 2 layers).
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use safetensors::tensor::{Dtype, View};
+use safetensors::tensor::Dtype;
 
+use super::save::HostTensor as Raw; // a tensor of a hand-made safetensors file
 use super::*;
 use crate::model::test_support::{device, gpt2_tokenizer_dir, ScratchDir};
 use crate::model::Tokenizer;
@@ -41,28 +41,6 @@ fn random_params(config: &HfConfig, seed: u64) -> (Parameters, Vec<Vec<f32>>) {
         values.push(v);
     }
     (params, values)
-}
-
-/// A tensor to write into a hand-made safetensors file.
-struct Raw {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl View for Raw {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
 }
 
 fn f32_raw(shape: &[usize], v: &[f32]) -> Raw {

@@ -16,15 +16,17 @@ use crate::model::hf_config::HfConfig;
 use crate::model::tokenizer::Tokenizer;
 use crate::nn::{Family, ModelConfig, Parameters};
 
-/// An f32 tensor read back from the GPU, as safetensors serializes it.
-struct HostTensor {
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
+/// A tensor in host memory as safetensors serializes it: the weights read back from the GPU
+/// (f32), and the tests' hand-made files (any dtype).
+pub(super) struct HostTensor {
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) bytes: Vec<u8>,
 }
 
 impl View for HostTensor {
     fn dtype(&self) -> Dtype {
-        Dtype::F32
+        self.dtype
     }
     fn shape(&self) -> &[usize] {
         &self.shape
@@ -99,6 +101,7 @@ pub(crate) fn stage_pretrained(
             tensors.push((
                 name,
                 HostTensor {
+                    dtype: Dtype::F32,
                     shape: t.shape.clone(),
                     bytes: bytemuck::cast_slice(rows).to_vec(),
                 },

@@ -187,6 +187,18 @@ pub fn check_rel_norm(t: &Tensor, want: &Arr, tol: f64, what: &str) {
     assert!(rel < tol, "{what}: relative error {rel:.3e} over {tol:.0e}");
 }
 
+/// ||a - b|| / ||b|| (2-norms, in f32): how far a mixed-precision run's gradient is from f32's.
+pub fn relative(a: &[f32], b: &[f32]) -> f32 {
+    let norm = b.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum::<f32>()
+        .sqrt();
+    diff / norm
+}
+
 // ------------------------------------------------------------------------------------------
 // f64 arrays: the operands of the CPU f64 references (`reference`, which adds the ops).
 
