@@ -154,3 +154,86 @@ fn coop_tflops(
     let flop = subgroups as f64 * iters as f64 * 4.0 * 2.0 * fs * fs * fs;
     Ok(flop / (ms * 1e-3) / 1e12)
 }
+
+/// What `direct_probe` measured for one tile and size.
+#[cfg(feature = "lab")]
+#[derive(Clone, Debug, Serialize)]
+pub struct ProbeRow {
+    pub tile: String,
+    pub n: usize,
+    pub ms: f64,
+    pub tflops: f64,
+    /// The largest |C - C_ref| over the largest |C_ref|, C_ref from the shipped product.
+    pub rel_err: f64,
+}
+
+/// The direct-load probe (`kernels::probe_direct`) on an n x n x n f16 product: its GPU time
+/// (median of `reps`), and its largest error against `reference` (the shipped product of the
+/// same operands, f32), where given.
+#[cfg(feature = "lab")]
+pub fn direct_probe(
+    device: &Device,
+    a: &Tensor,
+    b: &Tensor,
+    reference: Option<&[f32]>,
+    tile: crate::kernels::probe_direct::DirectTile,
+    reps: usize,
+) -> Result<ProbeRow> {
+    use crate::kernels::probe_direct::{DirectParams, MATMUL_DIRECT};
+    let coop =
+        Coop::available(device.gpu()).ok_or_else(|| crate::error::Error::InvalidArgument {
+            op: "direct_probe",
+            reason: "the adapter has no cooperative matrices".into(),
+        })?;
+    let n = a.shape()[0];
+    let (bm, bn) = tile.block(coop);
+    if !n.is_multiple_of(bm as usize) || !n.is_multiple_of(bn as usize) {
+        return Err(crate::error::Error::InvalidArgument {
+            op: "direct_probe",
+            reason: format!(
+                "tile {} needs n a multiple of {bm} and {bn}, not {n}",
+                tile.name()
+            ),
+        });
+    }
+    let c = Tensor::zeros(device, &[n, n])?;
+    let params = DirectParams {
+        n: n as u32,
+        _pad: [0; 3],
+    };
+    let spec = tile.spec(coop);
+    let groups = (n / bm as usize * (n / bn as usize)) as u32;
+    let run = || {
+        device.record(
+            &MATMUL_DIRECT,
+            &spec,
+            &params,
+            &[c.storage(), a.storage(), b.storage()],
+            [groups, 1, 1],
+        );
+        Ok(())
+    };
+    let ms = gpu_ms(device, reps, run)?;
+    let rel_err = match reference {
+        Some(r) => {
+            let got = c.to_vec()?;
+            let scale = r
+                .iter()
+                .fold(0.0f32, |m, v| m.max(v.abs()))
+                .max(f32::MIN_POSITIVE);
+            let worst = got
+                .iter()
+                .zip(r)
+                .fold(0.0f32, |m, (g, r)| m.max((g - r).abs()));
+            (worst / scale) as f64
+        }
+        None => f64::NAN,
+    };
+    Ok(ProbeRow {
+        tile: tile.name(),
+        n,
+        ms,
+        tflops: 2.0 * (n as f64).powi(3) / (ms * 1e-3) / 1e12,
+        rel_err,
+    })
+}
