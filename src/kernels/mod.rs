@@ -30,8 +30,6 @@ pub mod matmul_coop;
 pub mod named;
 #[cfg(feature = "lab")]
 pub mod peak;
-#[cfg(feature = "lab")]
-pub mod probe_direct;
 pub mod random;
 pub mod reduce;
 pub mod rmsnorm;

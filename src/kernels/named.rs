@@ -10,8 +10,6 @@
 //! - `attn:fwd|bwd:IN[:GRAD[:OUT]]`: the cooperative-matrix attention at head dim 64, q, k, v
 //!   of type IN, dO of GRAD, outputs of OUT (each f32 or f16; GRAD and OUT default to IN).
 //!
-//! - `direct:TILE` (a `lab` build): the direct-load matmul probe (`probe_direct`).
-//!
 //! TILE as `CoopTile::name` and `Tile::name` print them (`2x2/4x4/32`, `128x64x8/8x4v`).
 
 use super::attention::Pass;
@@ -101,13 +99,6 @@ pub fn parse(name: &str) -> Result<Named, String> {
             };
             let spec = matmul::spec_ones(t, false, Types::F32, (v4, v4), entry == "matmul_sums");
             Ok(named(&matmul::FAMILY, entry, spec))
-        }
-        #[cfg(feature = "lab")]
-        "direct" => {
-            use super::probe_direct::{DirectTile, FAMILY, MATMUL_DIRECT};
-            let t =
-                DirectTile::parse(first).ok_or_else(|| bad("TILE is SGMxSGN/FMxFN[/h][/np]"))?;
-            Ok(named(&FAMILY, MATMUL_DIRECT.name, t.spec(Coop::NVIDIA)))
         }
         "attn" => {
             let dtype = |s: Option<&str>, default: Option<DType>| match s {
