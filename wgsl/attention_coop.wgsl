@@ -288,51 +288,58 @@ fn stage_v(bh: u32, row0: u32, lid: u32) {
 }
 
 // A block's rows in flight (the next block's, loaded while this one works): a lane's share of
-// one view's BC x DMAX block is VPL vectors (nx0: k, or q for dK/dV; nx1: v, or dO), and for
+// one view's BC x DMAX block is SLOTS vectors (nx0: k, or q for dK/dV; nx1: v, or dO), and for
 // dK/dV the lse and D of query `lid` of the block (nl, nd). Loads are branch-free (outside the
 // view: vector 0); `put_*` select zero outside T and D and skip a lane's vectors past the block.
 const BLOCK_V: u32 = BC * DMAX / 4u;
 const VPL: u32 = (BLOCK_V + WG - 1u) / WG;
 const_assert BC <= WG;
-var<private> nx0: array<QV, VPL>;
-var<private> nxp: array<QV, VPL>; // ROPE: nx0's partner vectors
-var<private> nx1: array<NX1, VPL>;
+// Under ROPE a lane holds pairs of vectors, columns d.. (d < D/2) and their partners d + D/2..
+// of the same row (the rotation of both needs both, and one pair of table loads), so its slots
+// come in twos.
+const HALF_V: u32 = DMAX / 8u;             // vectors in half a row
+const VPL_PAIRS: u32 = 2u * ((BLOCK_V / 2u + WG - 1u) / WG);
+const SLOTS: u32 = select(VPL, VPL_PAIRS, ROPE_ON);
+var<private> nx0: array<QV, SLOTS>;
+var<private> nx1: array<NX1, SLOTS>;
 var<private> nl: f32;
 var<private> nd: f32;
 
+// The block's vector (an index into its BC x DMAX / 4 vectors) in slot j of lane `lid`: under
+// ROPE, slot 2i is the first half of a row's pair i and slot 2i + 1 its partner.
+fn slot(lid: u32, j: u32) -> u32 {
+    if (!ROPE_ON) {
+        return lid + j * WG;
+    }
+    let pair = lid + (j / 2u) * WG;
+    return (pair / HALF_V) * (DMAX / 4u) + pair % HALF_V + (j % 2u) * HALF_V;
+}
+
 fn fetch_k(bh: u32, row0: u32, lid: u32) {
     let base = head(p.k, bh);
-    for (var j = 0u; j < VPL; j++) {
-        let a = at4(p.k, base, row0, lid + j * WG);
-        nx0[j] = k[a.i];
-        if (ROPE_ON) {
-            nxp[j] = k[partner4(a)];
-        }
+    for (var j = 0u; j < SLOTS; j++) {
+        nx0[j] = k[at4(p.k, base, row0, slot(lid, j)).i];
     }
 }
 
 fn fetch_v(bh: u32, row0: u32, lid: u32) {
     let base = head(p.v, bh);
-    for (var j = 0u; j < VPL; j++) {
-        nx1[j] = q_nx1(v[at4(p.v, base, row0, lid + j * WG).i]);
+    for (var j = 0u; j < SLOTS; j++) {
+        nx1[j] = q_nx1(v[at4(p.v, base, row0, slot(lid, j)).i]);
     }
 }
 
 fn fetch_q(bh: u32, row0: u32, lid: u32) {
     let base = head(p.q, bh);
-    for (var j = 0u; j < VPL; j++) {
-        let a = at4(p.q, base, row0, lid + j * WG);
-        nx0[j] = q[a.i];
-        if (ROPE_ON) {
-            nxp[j] = q[partner4(a)];
-        }
+    for (var j = 0u; j < SLOTS; j++) {
+        nx0[j] = q[at4(p.q, base, row0, slot(lid, j)).i];
     }
 }
 
 fn fetch_do(bh: u32, row0: u32, lid: u32) {
     let base = head(p.dout, bh);
-    for (var j = 0u; j < VPL; j++) {
-        nx1[j] = g_nx1(dout[at4(p.dout, base, row0, lid + j * WG).i]);
+    for (var j = 0u; j < SLOTS; j++) {
+        nx1[j] = g_nx1(dout[at4(p.dout, base, row0, slot(lid, j)).i]);
     }
 }
 
@@ -348,23 +355,38 @@ fn fetch_ld(bh: u32, row0: u32, lid: u32) {
 // rotated under ROPE, times s.
 fn put_nx0(view: vec4<u32>, bh: u32, row0: u32, off: u32, s: f32, lid: u32) {
     let base = head(view, bh);
-    for (var j = 0u; j < VPL; j++) {
-        let e = lid + j * WG;
+    if (ROPE_ON) {
+        // A pair: x (columns d.., d < D/2) and its partner y (d + D/2..), rotated as rope4
+        // does, with one load of the row's cosines and sines.
+        for (var j = 0u; j < SLOTS; j += 2u) {
+            let e = slot(lid, j);
+            if (e < BLOCK_V) {
+                let a = at4(view, base, row0, e);
+                let b = at4(view, base, row0, e + HALF_V);
+                let row = ((p.start + select(0u, row0 + a.r, a.ok)) * p.d + a.d) / 4u;
+                let cs = rope[row];
+                let sn = rope[row + HALF_V];
+                let x = qf(nx0[j]);
+                let y = qf(nx0[j + 1u]);
+                put4(off, a.r, a.d, (x * cs - y * sn) * s, a.ok);
+                put4(off, b.r, b.d, (y * cs + x * sn) * s, b.ok);
+            }
+        }
+        return;
+    }
+    for (var j = 0u; j < SLOTS; j++) {
+        let e = slot(lid, j);
         if (e < BLOCK_V) {
             let a = at4(view, base, row0, e);
-            var x = qf(nx0[j]);
-            if (ROPE_ON) {
-                x = rope4(x, qf(nxp[j]), select(0u, row0 + a.r, a.ok), select(0u, a.d, a.ok));
-            }
-            put4(off, a.r, a.d, x * s, a.ok);
+            put4(off, a.r, a.d, qf(nx0[j]) * s, a.ok);
         }
     }
 }
 
 fn put_nx1(view: vec4<u32>, bh: u32, row0: u32, off: u32, lid: u32) {
     let base = head(view, bh);
-    for (var j = 0u; j < VPL; j++) {
-        let e = lid + j * WG;
+    for (var j = 0u; j < SLOTS; j++) {
+        let e = slot(lid, j);
         if (e < BLOCK_V) {
             let a = at4(view, base, row0, e);
             put4(off, a.r, a.d, nx1f(nx1[j]), a.ok);
