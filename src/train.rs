@@ -83,11 +83,9 @@ impl Trainer {
         dev.submit_early(self.first_submit);
         for (x, y) in micro_batches {
             dev.set_phase(Phase::Forward);
-            // The seed first: the loss's head makes its gradients in the forward.
-            let seed = self.opt.loss_seed(1.0 / n)?;
             let loss = {
                 let _span = tracing::info_span!("forward").entered();
-                self.model.loss_seeded(x, y, &seed)?
+                self.model.loss(x, y)?
             };
             // The forward goes to the GPU now, and runs while the backward is recorded and
             // encoded (a step whose loss is read back would otherwise wait for all of it). In
@@ -96,6 +94,7 @@ impl Trainer {
             dev.flush_if_compiled();
             {
                 let _span = tracing::info_span!("backward").entered();
+                let seed = self.opt.loss_seed(1.0 / n)?;
                 loss.backward_with(&seed)?;
             }
             let loss = loss.detach();

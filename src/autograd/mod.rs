@@ -98,34 +98,6 @@ pub(crate) fn meta(t: &Tensor) -> Option<&Meta> {
     t.attachment().and_then(|a| a.downcast_ref::<Meta>())
 }
 
-/// Whether `t` is a leaf (a parameter: its gradient persists across steps).
-pub(crate) fn is_leaf(t: &Tensor) -> bool {
-    matches!(meta(t), Some(Meta::Leaf(_)))
-}
-
-/// A contribution to leaf `t`'s gradient made outside a backward (an op that makes a
-/// parameter's gradient in its forward, `Tensor::lm_head_loss`): `f` writes it to the target it
-/// is given, as a backward rule's would be (the leaf's buffer to overwrite where its gradient is
-/// zero, or to add into; a new tensor, kept as the gradient, where it has no buffer yet).
-/// Nothing where `t` is not a leaf.
-pub(crate) fn add_to_leaf_grad(
-    t: &Tensor,
-    f: impl FnOnce(crate::ops::Out<'_>) -> Result<Tensor>,
-) -> Result<()> {
-    use crate::ops::Out;
-    let Some(Meta::Leaf(leaf)) = meta(t) else {
-        return Ok(());
-    };
-    let mut slot = leaf.grad.lock().unwrap_or_else(|e| e.into_inner());
-    match (slot.grad.clone(), slot.stale) {
-        (Some(buf), true) => drop(f(Out::Write(&buf))?),
-        (Some(buf), false) => drop(f(Out::Acc(&buf))?),
-        (None, _) => slot.grad = Some(f(Out::New)?.detach()),
-    }
-    slot.stale = false;
-    Ok(())
-}
-
 /// Attaches a backward node to `out` when recording is on and an input needs a gradient.
 /// `rule` is built only then (it saves tensors).
 pub(crate) fn record<B: Backward + 'static>(

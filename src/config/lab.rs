@@ -13,7 +13,7 @@ use crate::kernels::matmul::Tile;
 use crate::kernels::matmul_coop::{Ablation, CoopTile};
 
 /// The measurement switches, whichever the build.
-pub const LAB_ONLY: [&str; 19] = [
+pub const LAB_ONLY: [&str; 18] = [
     "WGRAD_MATMUL_TILE",
     "WGRAD_COOP_TILE",
     "WGRAD_ATTN_TILE",
@@ -32,7 +32,6 @@ pub const LAB_ONLY: [&str; 19] = [
     "WGRAD_LN_GROUP",
     "WGRAD_SCHEDULE",
     "WGRAD_FIRST_SUBMIT",
-    "WGRAD_LOSS_CHUNK",
 ];
 
 /// The variables this build reads as measurement switches.
@@ -137,10 +136,6 @@ mod imp {
         pub fn first_submit(&self) -> Option<usize> {
             None
         }
-
-        pub fn loss_chunk(&self) -> Option<usize> {
-            None
-        }
     }
 }
 
@@ -188,9 +183,6 @@ mod imp {
         pub schedule_window: Option<usize>,
         /// `WGRAD_FIRST_SUBMIT=N`: the dispatches of a training step's first submit.
         pub first_submit: Option<usize>,
-        /// `WGRAD_LOSS_CHUNK=N`: token rows a chunk of the training loss's fused LM head and
-        /// cross-entropy (0: the LM head's logits whole, their gradients in the backward).
-        pub loss_chunk: Option<usize>,
     }
 
     fn bad(op: &'static str, reason: impl Into<String>) -> Error {
@@ -271,7 +263,6 @@ mod imp {
             l.split_target = num("WGRAD_SPLIT_TARGET")?;
             l.layernorm_group = num("WGRAD_LN_GROUP")?.filter(|&g| g > 0);
             l.first_submit = num("WGRAD_FIRST_SUBMIT")?;
-            l.loss_chunk = num("WGRAD_LOSS_CHUNK")?;
             if let Some(v) = get("WGRAD_SPLIT_SUM") {
                 kernels.split_in_one_dispatch = Some(choose(
                     "WGRAD_SPLIT_SUM",
@@ -443,12 +434,6 @@ mod imp {
                     o(self.first_submit.map(|n| n.to_string())),
                     "WGRAD_FIRST_SUBMIT",
                 ),
-                (
-                    "lab",
-                    "loss chunk",
-                    o(self.loss_chunk.map(|n| n.to_string())),
-                    "WGRAD_LOSS_CHUNK",
-                ),
             ]
         }
 
@@ -514,10 +499,6 @@ mod imp {
 
         pub fn first_submit(&self) -> Option<usize> {
             self.first_submit
-        }
-
-        pub fn loss_chunk(&self) -> Option<usize> {
-            self.loss_chunk
         }
     }
 }

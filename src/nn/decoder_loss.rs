@@ -11,9 +11,6 @@ use crate::nn::decoder::{Decoder, Kernels};
 /// accumulators, and the backward products read the logits' gradient in aligned vectors.
 const LOGIT_ROW_ALIGN: usize = 64;
 
-/// Token rows a chunk of the training loss's LM head and cross-entropy (`loss_seeded`).
-const LOSS_CHUNK_ROWS: usize = 2048;
-
 /// The training loss's logits under mixed precision where the LM head is one product: f16,
 /// as PyTorch's autocast makes them (bf16 there; cross-entropy then sums in f32, as here), on
 /// `device`, unless its `Precision::logits` keeps them f32. Half the bytes the LM head stores
@@ -37,51 +34,6 @@ impl Decoder {
             Kernels::Fused => logits.cross_entropy(targets, None),
             Kernels::Reference => logits.cross_entropy_unfused(targets, None),
         }
-    }
-
-    /// The training loss of `ids` against `targets` with the LM head's and cross-entropy's
-    /// gradients made in the forward, chunk by chunk (`LOSS_CHUNK_ROWS` token rows a chunk, so
-    /// the whole (B*T, V) logits are never held), for `seed`: the gradient its backward must
-    /// start from (`backward_with(seed)` on the returned loss). Where that does not apply (the
-    /// reference kernels, a head in several shards, no gradient recorded), `loss`.
-    pub fn loss_seeded(&self, ids: &Tensor, targets: &Tensor, seed: &Tensor) -> Result<Tensor> {
-        let chunk = self
-            .params
-            .device()
-            .options()
-            .lab
-            .loss_chunk()
-            .unwrap_or(LOSS_CHUNK_ROWS)
-            .min(self.logit_rows_per_binding());
-        let heads = self.head_shards()?;
-        if self.kernels != Kernels::Fused
-            || ids.rank() != 2
-            || heads.len() != 1
-            || chunk == 0
-            || !crate::autograd::grad_enabled()
-        {
-            return self.loss(ids, targets);
-        }
-        let n = ids.numel();
-        let w = self.w(heads[0].name)?; // (V, C)
-        let half = if self.amp { DType::F16 } else { DType::F32 };
-        let logits_dtype = if self.amp {
-            logits_dtype(w.device())
-        } else {
-            DType::F32
-        };
-        crate::ops::autocast(self.amp, || {
-            let hidden = self.forward_hidden(ids)?;
-            let c = hidden.shape()[2];
-            hidden.reshape(&[n, c])?.lm_head_loss(
-                w,
-                &targets.reshape(&[n])?,
-                seed,
-                chunk,
-                LOGIT_ROW_ALIGN,
-                (logits_dtype, half),
-            )
-        })
     }
 
     /// Rows of logits (V f32 each, padded to `LOGIT_ROW_ALIGN`) that fit one storage binding.

@@ -264,8 +264,44 @@ impl Tensor {
         ignore_index: Option<u32>,
         grad_dtype: DType,
     ) -> Result<Tensor> {
-        let rows = cross_entropy_rows(self, targets, ignore_index)?;
-        let n_valid = rows.n_valid;
+        let checked = check_args(OP, self, targets, ignore_index)?;
+        let n_valid = checked.n_valid();
+        let x = match rows_of(self) {
+            Some(_) => self.clone(),
+            None => self.contiguous()?,
+        };
+        let (x_off, x_rs) = rows_of(&x).expect("a contiguous tensor has rows");
+        let device = x.device();
+        let rows = checked.rows;
+        let row_loss = Tensor::uninit(device, &[rows], DType::F32, OP)?;
+        let lse = Tensor::uninit(device, &[rows], DType::F32, OP)?;
+        let ignore_index = ignore_index.unwrap_or(NO_IGNORE);
+        let params = CrossEntropyParams {
+            rows: rows as u32,
+            cols: checked.classes as u32,
+            x_offset: x_off as u32,
+            target_offset: targets.layout().offset as u32,
+            ignore_index,
+            x_rs: x_rs as u32,
+            ..Default::default()
+        };
+        let kernel = if in_vectors(&x, rows, checked.classes, (x_off, x_rs)) {
+            &cross_entropy::CROSS_ENTROPY_FORWARD_VEC4
+        } else {
+            &cross_entropy::CROSS_ENTROPY_FORWARD
+        };
+        device.record(
+            kernel,
+            &cross_entropy::spec(false, false, x.dtype() == DType::F16),
+            &params,
+            &[
+                row_loss.storage(),
+                lse.storage(),
+                x.storage(),
+                targets.storage(),
+            ],
+            device.grid(rows as u64),
+        );
         // The mean: 1 / n_valid is the sum's scale. With no valid row the sum is 0 and the
         // scale NaN, so the loss is NaN, as PyTorch's 0 / 0.
         let inv_n = if n_valid == 0 {
@@ -274,13 +310,12 @@ impl Tensor {
             1.0 / n_valid as f32
         };
         // row_loss carries no autograd record, so this sum records no backward of its own.
-        let loss = rows.row_loss.reduce_all(ReduceOp::Sum, inv_n)?;
-        let x = rows.logits;
+        let loss = row_loss.reduce_all(ReduceOp::Sum, inv_n)?;
         Ok(record(loss, &[&x], || CrossEntropyBackward {
             logits: x.detach(),
             targets: targets.detach(),
-            lse: rows.lse,
-            ignore_index: rows.ignore_index,
+            lse,
+            ignore_index,
             inv_n: if n_valid == 0 { 0.0 } else { inv_n },
             grad_dtype,
         }))
@@ -308,89 +343,4 @@ impl Tensor {
         // -1 / 0 = -inf times a sum of 0 gives NaN when every row is ignored, as the fused op.
         picked.mul_scalar(-1.0 / checked.n_valid() as f32)
     }
-}
-
-/// One cross-entropy forward over rows of logits, recorded without a backward: the logits as
-/// the kernel read them (`self`, or a contiguous copy), each row's loss (0 where ignored), each
-/// row's lse, the count of rows not ignored and the ignore index as the kernels take it.
-pub(crate) struct Rows {
-    pub logits: Tensor,
-    pub row_loss: Tensor,
-    pub lse: Tensor,
-    pub n_valid: usize,
-    pub ignore_index: u32,
-}
-
-/// The forward pass of `cross_entropy` without its mean or record (`Rows`).
-pub(crate) fn cross_entropy_rows(
-    logits: &Tensor,
-    targets: &Tensor,
-    ignore_index: Option<u32>,
-) -> Result<Rows> {
-    let checked = check_args(OP, logits, targets, ignore_index)?;
-    let n_valid = checked.n_valid();
-    let x = match rows_of(logits) {
-        Some(_) => logits.clone(),
-        None => logits.contiguous()?,
-    };
-    let (x_off, x_rs) = rows_of(&x).expect("a contiguous tensor has rows");
-    let device = x.device();
-    let rows = checked.rows;
-    let row_loss = Tensor::uninit(device, &[rows], DType::F32, OP)?;
-    let lse = Tensor::uninit(device, &[rows], DType::F32, OP)?;
-    let ignore_index = ignore_index.unwrap_or(NO_IGNORE);
-    let params = CrossEntropyParams {
-        rows: rows as u32,
-        cols: checked.classes as u32,
-        x_offset: x_off as u32,
-        target_offset: targets.layout().offset as u32,
-        ignore_index,
-        x_rs: x_rs as u32,
-        ..Default::default()
-    };
-    let kernel = if in_vectors(&x, rows, checked.classes, (x_off, x_rs)) {
-        &cross_entropy::CROSS_ENTROPY_FORWARD_VEC4
-    } else {
-        &cross_entropy::CROSS_ENTROPY_FORWARD
-    };
-    device.record(
-        kernel,
-        &cross_entropy::spec(false, false, x.dtype() == DType::F16),
-        &params,
-        &[
-            row_loss.storage(),
-            lse.storage(),
-            x.storage(),
-            targets.storage(),
-        ],
-        device.grid(rows as u64),
-    );
-    Ok(Rows {
-        logits: x,
-        row_loss,
-        lse,
-        n_valid,
-        ignore_index,
-    })
-}
-
-/// The gradient of a cross-entropy's logits from its forward `rows` (`cross_entropy_rows`):
-/// g (the scalar upstream gradient, read from its buffer) times `inv_n` times
-/// (softmax - onehot), a new tensor of `grad_dtype` with the logits' row stride.
-pub(crate) fn cross_entropy_dlogits(
-    rows: &Rows,
-    targets: &Tensor,
-    g: &Tensor,
-    inv_n: f32,
-    grad_dtype: DType,
-) -> Result<Tensor> {
-    let rule = CrossEntropyBackward {
-        logits: rows.logits.detach(),
-        targets: targets.detach(),
-        lse: rows.lse.clone(),
-        ignore_index: rows.ignore_index,
-        inv_n,
-        grad_dtype,
-    };
-    rule.dlogits(g, Out::New)
 }

@@ -11,7 +11,6 @@ mod elementwise;
 mod gather;
 mod layernorm;
 mod linear;
-mod lm_head_loss;
 pub(crate) mod matmul;
 mod reduce;
 mod rmsnorm;
