@@ -12,15 +12,9 @@ fn a_tile(off: u32, r0: u32, d0: u32) -> MA {
     return coopLoadT<MA>(&h_sh[v], s);
 }
 
-fn a_pp(r0: u32, c0: u32) -> MA {
-    let i = PP_OFF + r0 * PS + c0;
-    let v = i / 4u;
-    let s = PS / 4u;
-    return coopLoadT<MA>(&h_sh[v], s);
-}
-
-fn a_ds(r0: u32, c0: u32) -> MA {
-    let i = DS_OFF + r0 * PS + c0;
+// (rows r0.., columns c0..) of the [row][col] P or dS tile at `off` (PP_OFF, DS_OFF).
+fn a_scores(off: u32, r0: u32, c0: u32) -> MA {
+    let i = off + r0 * PS + c0;
     let v = i / 4u;
     let s = PS / 4u;
     return coopLoadT<MA>(&h_sh[v], s);
@@ -172,10 +166,7 @@ const ACC_A: bool = ACC_DQ || ACC_DK;
 
 // The A operand of the first output's product: P (forward: O += P v), else scale * dS.
 fn a_out(r0: u32, c0: u32) -> MA {
-    if (KIND == KIND_FWD) {
-        return a_pp(r0, c0);
-    }
-    return a_ds(r0, c0);
+    return a_scores(select(DS_OFF, PP_OFF, KIND == KIND_FWD), r0, c0);
 }
 
 // The fragment in the subgroup's scratch rows r0.. to rows row0 + r0.., columns d0.. of output

@@ -389,7 +389,7 @@ fn write_own_source(nf: u32, fs: u32, out32: bool) -> String {
     );
     func(
         w,
-        "fn add_dv(r0: u32) {\n    for (var c0 = 0u; c0 < BC; c0 += FS) {\n        let pp = a_pp(r0, c0);",
+        "fn add_dv(r0: u32) {\n    for (var c0 = 0u; c0 < BC; c0 += FS) {\n        let pp = a_scores(PP_OFF, r0, c0);",
         &|i, d| format!("        acc2_{i} = coopMultiplyAdd(pp, b_do(c0, {d}u), acc2_{i});"),
         "    }\n}",
     );
