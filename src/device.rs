@@ -130,6 +130,15 @@ impl Gpu {
             adapters.retain(|a| a.get_info().name.to_lowercase().contains(name));
         }
         adapters.sort_by_key(|a| adapter_rank(a.get_info().device_type));
+        if let (Some(rank), Some(best)) = (choice.local_rank, adapters.first()) {
+            // One process per GPU under an MPI launcher: the host's rank r takes the r-th of
+            // the best kind (modulo, so ranks share an adapter where there are fewer, as
+            // lavapipe's tests do).
+            let kind = best.get_info().device_type;
+            adapters.retain(|a| a.get_info().device_type == kind);
+            let pick = rank % adapters.len();
+            adapters.rotate_left(pick);
+        }
         let Some(adapter) = adapters.into_iter().next() else {
             let detail = match &wanted_name {
                 Some(n) => format!(" whose name contains `{n}` (backends {backends:?})"),

@@ -8,7 +8,7 @@ use super::{lab, AttentionSync, F32Matmul, Float, OptionRow, Options, PoolReuse,
 use crate::error::{Error, Result};
 
 /// The variables of a default build, with what each sets.
-pub const VARIABLES: [(&str, &str); 17] = [
+pub const VARIABLES: [(&str, &str); 18] = [
     ("WGRAD_BACKEND", "backends searched"),
     ("WGRAD_ADAPTER", "adapter by name"),
     ("WGRAD_DISABLE_FEATURES", "optional features left off"),
@@ -26,7 +26,13 @@ pub const VARIABLES: [(&str, &str); 17] = [
     ("WGRAD_POOL_BUDGET_MIB", "the pool's budget"),
     ("WGRAD_MEMORY_LIMIT_MIB", "GPU memory the pool may hold"),
     ("WGRAD_CACHE_DIR", "where tile tables live"),
+    ("WGRAD_DIST_TIMEOUT_S", "how long a collective waits"),
 ];
+
+/// What MPI launchers set in each process they start: (Open MPI's, MPICH's) names of the
+/// world size and of the rank on this host.
+const LAUNCHER_WORLD_SIZE: [&str; 2] = ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"];
+const LAUNCHER_LOCAL_RANK: [&str; 2] = ["OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"];
 
 /// Read by the test suite, not by the engine.
 const TEST_VARIABLES: [&str; 1] = ["WGRAD_TEST_SEED"];
@@ -53,7 +59,13 @@ const REMOVED: [&str; 14] = [
 /// The environment's variables that concern wgrad (its own, and where the cache goes).
 pub fn current() -> Vec<(String, String)> {
     std::env::vars()
-        .filter(|(k, _)| k.starts_with("WGRAD_") || k == "XDG_CACHE_HOME" || k == "HOME")
+        .filter(|(k, _)| {
+            k.starts_with("WGRAD_")
+                || k == "XDG_CACHE_HOME"
+                || k == "HOME"
+                || LAUNCHER_WORLD_SIZE.contains(&k.as_str())
+                || LAUNCHER_LOCAL_RANK.contains(&k.as_str())
+        })
         .collect()
 }
 
@@ -145,6 +157,24 @@ pub fn read<'v>(vars: &'v [(String, String)]) -> Result<Options> {
         (None, None, Some(h)) => Some(PathBuf::from(h).join(".cache/wgrad")),
         (None, None, None) => None,
     };
+    let launcher = |names: [&'static str; 2]| -> Result<Option<usize>> {
+        let found = names.iter().find_map(|&n| get(n).map(|v| (n, v)));
+        found
+            .map(|(n, v)| number(n, v).map(|x| x as usize))
+            .transpose()
+    };
+    o.dist.launcher_world_size = launcher(LAUNCHER_WORLD_SIZE)?;
+    o.adapter.local_rank = launcher(LAUNCHER_LOCAL_RANK)?;
+    if let Some(v) = get("WGRAD_DIST_TIMEOUT_S") {
+        let seconds = number("WGRAD_DIST_TIMEOUT_S", v)?;
+        if seconds == 0 {
+            return Err(Error::InvalidArgument {
+                op: "WGRAD_DIST_TIMEOUT_S",
+                reason: "0 seconds: give how long a collective may wait, in seconds".into(),
+            });
+        }
+        o.dist.timeout = std::time::Duration::from_secs(seconds);
+    }
     o.lab = lab::Lab::read(get, &mut o.kernels)?;
     o.from_env = VARIABLES
         .iter()
@@ -422,6 +452,12 @@ pub fn rows(o: &Options) -> Vec<OptionRow> {
             ),
             "WGRAD_CACHE_DIR",
         ),
+        (
+            "dist",
+            "collective timeout",
+            format!("{} s", o.dist.timeout.as_secs()),
+            "WGRAD_DIST_TIMEOUT_S",
+        ),
     ];
     rows.extend(o.lab.rows());
     rows.into_iter()
@@ -443,6 +479,27 @@ mod tests {
         v.iter()
             .map(|(a, b)| (a.to_string(), b.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn an_mpi_launcher_sets_the_world_size_and_the_local_rank() {
+        let none = read(&vars(&[])).expect("read");
+        assert_eq!(none.dist.launcher_world_size, None);
+        assert_eq!(none.adapter.local_rank, None);
+        let ompi = vars(&[
+            ("OMPI_COMM_WORLD_SIZE", "4"),
+            ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+            ("WGRAD_DIST_TIMEOUT_S", "30"),
+        ]);
+        let o = read(&ompi).expect("read");
+        assert_eq!(o.dist.launcher_world_size, Some(4));
+        assert_eq!(o.adapter.local_rank, Some(1));
+        assert_eq!(o.dist.timeout.as_secs(), 30);
+        let mpich = read(&vars(&[("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "0")])).expect("read");
+        assert_eq!(mpich.dist.launcher_world_size, Some(2));
+        assert_eq!(mpich.adapter.local_rank, Some(0));
+        let e = read(&vars(&[("WGRAD_DIST_TIMEOUT_S", "0")])).expect_err("0 s refused");
+        assert!(e.to_string().contains("WGRAD_DIST_TIMEOUT_S"), "{e}");
     }
 
     #[test]

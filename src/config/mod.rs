@@ -12,6 +12,7 @@
 //! | `execution` | how the CPU waits and compiles | no |
 //! | `pool` | how the buffer pool reuses memory | no |
 //! | `paths` | where measured tile tables are kept | no |
+//! | `dist` | what an MPI launcher says of this process (world size, local rank), the collectives' bound | no |
 //! | `lab` | measurement knobs, only with `--features lab` | some (forced tiles, ablations) |
 //!
 //! docs/ENVIRONMENT.md lists every variable.
@@ -35,6 +36,7 @@ pub struct Options {
     pub execution: Execution,
     pub pool: PoolPolicy,
     pub paths: Paths,
+    pub dist: DistOptions,
     /// Measurement knobs: fields only in a `lab` build; in a default build every knob reads as
     /// its default and nothing of them is checked.
     pub lab: Lab,
@@ -45,6 +47,11 @@ pub struct Options {
 /// Which adapter, and how much of it.
 #[derive(Clone, Debug, Default)]
 pub struct AdapterChoice {
+    /// This process's rank among those of its host, when an MPI launcher started it
+    /// (`OMPI_COMM_WORLD_LOCAL_RANK` from Open MPI, `MPI_LOCALRANKID` from MPICH): the adapter
+    /// is the one of this index (modulo their count) among the best kind's, after `name` and
+    /// `backends` filtered them, so each rank of a host takes its own GPU.
+    pub local_rank: Option<usize>,
     /// Backends to search (`WGRAD_BACKEND`: vulkan, metal, dx12, noop, a comma list; None:
     /// Vulkan, Metal and DX12).
     pub backends: Option<wgpu::Backends>,
@@ -222,6 +229,32 @@ pub struct Paths {
     /// Where measured tile tables are written and read (`WGRAD_CACHE_DIR`; None:
     /// `$XDG_CACHE_HOME/wgrad`, else `~/.cache/wgrad`, as `from_env` resolves them).
     pub cache_dir: Option<PathBuf>,
+}
+
+/// Data-parallel training under an MPI launcher (`dist`).
+#[derive(Clone, Debug)]
+pub struct DistOptions {
+    /// The ranks the launcher started, when one did (`OMPI_COMM_WORLD_SIZE` from Open MPI,
+    /// `PMI_SIZE` from MPICH); None: no launcher, a run of one process.
+    pub launcher_world_size: Option<usize>,
+    /// How long one collective (a gradient allreduce, a broadcast) may wait for the other
+    /// ranks before this rank ends the job, naming the operation (`WGRAD_DIST_TIMEOUT_S`): a
+    /// rank that died or hangs must not leave the others waiting for ever. Rank 0 evaluates
+    /// and saves while the others wait in the next step's allreduce, so it must exceed those.
+    pub timeout: std::time::Duration,
+}
+
+/// `DistOptions::timeout`'s default: longer than a checkpoint or an evaluation of the largest
+/// preset takes on a slow adapter (lavapipe's DistilGPT-2 save and eval: under 2 minutes).
+pub const DIST_TIMEOUT_DEFAULT: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl Default for DistOptions {
+    fn default() -> Self {
+        DistOptions {
+            launcher_world_size: None,
+            timeout: DIST_TIMEOUT_DEFAULT,
+        }
+    }
 }
 
 impl Options {
