@@ -113,6 +113,14 @@ pub enum Error {
     #[error("GPU device error: {0}")]
     Device(String),
 
+    /// Data-parallel training: a collective that failed or timed out, ranks that disagree.
+    #[error("rank {rank} of {world}: {reason}")]
+    Distributed {
+        rank: usize,
+        world: usize,
+        reason: String,
+    },
+
     #[error("{path}: {source}")]
     Io {
         path: String,

@@ -9,6 +9,7 @@ pub mod assets;
 pub mod autograd;
 pub mod config;
 pub mod device;
+pub mod dist;
 pub mod error;
 pub mod graph;
 pub mod kernels;
