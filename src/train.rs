@@ -3,6 +3,9 @@
 //! Each phase is a tracing span (`forward`, `backward`, `optimizer`), so the profiler can time
 //! it and nothing pays when no profiler is installed.
 
+use std::rc::Rc;
+
+use crate::dist::{Collective, GradientReducer};
 use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
 use crate::memory::Reuse;
@@ -27,6 +30,8 @@ pub struct Trainer {
     pub step: usize,
     /// Dispatches of a step's first submit (`FIRST_SUBMIT_DISPATCHES`).
     first_submit: usize,
+    /// Data parallel: the ranks whose gradients (and losses) each step averages (`dist`).
+    collective: Option<(Rc<dyn Collective>, GradientReducer)>,
 }
 
 impl Trainer {
@@ -59,7 +64,19 @@ impl Trainer {
             lr,
             step: 0,
             first_submit,
+            collective: None,
         })
+    }
+
+    /// Averages each step's gradients and loss over the ranks of `collective` before the
+    /// update (data parallel: every rank steps with the same gradient).
+    pub fn set_collective(&mut self, collective: Rc<dyn Collective>) {
+        self.collective = Some((collective, GradientReducer::new()));
+    }
+
+    /// The ranks this trainer averages over, if any.
+    pub fn collective(&self) -> Option<&Rc<dyn Collective>> {
+        self.collective.as_ref().map(|(c, _)| c)
     }
 
     /// One optimizer step over `micro_batches` of (inputs, targets), each (B, T) u32: their
@@ -69,7 +86,9 @@ impl Trainer {
     /// `FIRST_SUBMIT_DISPATCHES` dispatches are submitted as soon as they are recorded, and each
     /// micro-batch's forward before its backward is recorded (a queue.submit each, one more
     /// for the rest: 3 a step for one micro-batch), where their pipelines have compiled (a
-    /// cold step skips those of its early submits that would wait for a compile).
+    /// cold step skips those of its early submits that would wait for a compile). With a
+    /// collective (`set_collective`), the gradients and the loss are the ranks' means, read
+    /// back and reduced on the host before the update.
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
         if micro_batches.is_empty() {
             return Err(Error::InvalidArgument {
@@ -103,6 +122,23 @@ impl Trainer {
                 Some(t) => t.add(&loss)?,
             });
         }
+        let total = total.expect("at least one micro-batch ran");
+        let mean = |total: Tensor| {
+            if micro_batches.len() == 1 {
+                Ok(total)
+            } else {
+                total.mul_scalar(1.0 / n)
+            }
+        };
+        // Data parallel: every rank's gradients and loss become the ranks' means here.
+        let reduced = match &mut self.collective {
+            Some((collective, reducer)) => {
+                let _span = tracing::info_span!("allreduce").entered();
+                let local = mean(total.clone())?;
+                Some(reducer.average(collective.as_ref(), &self.model.params, &local)?)
+            }
+            None => None,
+        };
         {
             let _span = tracing::info_span!("optimizer").entered();
             let lr = self.schedule.lr_at(self.step, self.lr);
@@ -110,11 +146,9 @@ impl Trainer {
         }
         dev.set_phase(Phase::Forward);
         self.step += 1;
-        let total = total.expect("at least one micro-batch ran");
-        if micro_batches.len() == 1 {
-            Ok(total)
-        } else {
-            total.mul_scalar(1.0 / n)
+        match reduced {
+            Some(reduced) => Ok(reduced),
+            None => mean(total),
         }
     }
 }

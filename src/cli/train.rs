@@ -3,17 +3,19 @@
 //! `--json` prints one JSON object per step on stdout instead (header and summary go to
 //! stderr). The run itself is `wgrad::session::TrainSession`.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::signals;
 use indicatif::{ProgressBar, ProgressStyle};
+use wgrad::dist::Collective;
 use wgrad::session::{
     saved_run_id, Event, Interrupt, ModelSource, OptionFlags, OutDir, OutPolicy, RunControl,
     RunSummary, Schedule, StepReport, TrainSession,
 };
-use wgrad::{Device, Result};
+use wgrad::{Device, Options, Result};
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum ScheduleArg {
@@ -119,9 +121,45 @@ impl Args {
     }
 }
 
+/// Under an MPI launcher, one rank of a data-parallel run (`wgrad::dist`): an error on any
+/// rank ends them all, with its message.
 pub fn run(args: &Args) -> Result<()> {
-    // --out's checks before anything loads (the run checks again, holding the directory).
-    if let Some(out) = &args.out {
+    let options = Options::from_env()?;
+    let world = launcher_world(&options)?;
+    let result = train(args, &options, world.clone());
+    match (&result, &world) {
+        (Err(e), Some(world)) if world.world_size() > 1 => world.abort(&e.to_string()),
+        _ => result,
+    }
+}
+
+/// The ranks an MPI launcher started, if one did.
+#[cfg(feature = "mpi")]
+fn launcher_world(options: &Options) -> Result<Option<Rc<dyn Collective>>> {
+    let world = wgrad::dist::mpi::MpiWorld::from_launcher(&options.dist)?;
+    Ok(world.map(|w| Rc::new(w) as Rc<dyn Collective>))
+}
+
+/// Without MPI, several ranks would each train alone and write over each other: refused.
+#[cfg(not(feature = "mpi"))]
+fn launcher_world(options: &Options) -> Result<Option<Rc<dyn Collective>>> {
+    match options.dist.launcher_world_size {
+        Some(n) if n > 1 => Err(wgrad::Error::InvalidArgument {
+            op: "mpirun",
+            reason: format!(
+                "an MPI launcher started {n} ranks, but this wgrad was built without the `mpi` \
+                 feature, so each would train alone (build it with `--features mpi`)"
+            ),
+        }),
+        _ => Ok(None),
+    }
+}
+
+fn train(args: &Args, options: &Options, world: Option<Rc<dyn Collective>>) -> Result<()> {
+    let lead = world.as_ref().is_none_or(|w| w.rank() == 0);
+    // --out's checks before anything loads (the run checks again, holding the directory);
+    // rank 0 alone writes it.
+    if let Some(out) = args.out.as_ref().filter(|_| lead) {
         let run_id = args.resume.as_deref().and_then(saved_run_id);
         OutDir::open(
             out,
@@ -133,11 +171,22 @@ pub fn run(args: &Args) -> Result<()> {
             },
         )?;
     }
-    let dev = Device::new()?;
+    let dev = Device::with_options(options)?;
+    // Rank 0 loads first: it alone tidies a stopped save in --resume's directory and writes
+    // the data's token cache, which the others then read.
+    let wait_for_rank_0 = |now: bool| match world.as_ref().filter(|_| now) {
+        Some(world) => world.barrier(),
+        None => Ok(()),
+    };
+    wait_for_rank_0(!lead)?;
     let mut session = match &args.resume {
         Some(dir) => TrainSession::resume(&dev, dir, &args.flags())?,
         None => TrainSession::new(&dev, args.flags().new_run())?,
     };
+    wait_for_rank_0(lead)?;
+    if let Some(world) = world {
+        session.join(world)?;
+    }
     let interrupt = Interrupt::new();
     let control = RunControl {
         eval_every: args.eval_every,
@@ -148,8 +197,12 @@ pub fn run(args: &Args) -> Result<()> {
     };
     let saving = control.out.as_ref().map(|d| d.display().to_string());
     let caught = signals::stop_on_signals(interrupt, saving);
-    print_header(&session, &dev, args);
-    let summary = if args.json {
+    if lead {
+        print_header(&session, &dev, args);
+    }
+    let summary = if !lead {
+        session.run(&control, |_| {})?
+    } else if args.json {
         session.run(&control, |event| match event {
             Event::Step(report) => println!(
                 "{}",
@@ -163,7 +216,19 @@ pub fn run(args: &Args) -> Result<()> {
         progress.finish();
         summary?
     };
-    print_summary(&summary, args.json);
+    if lead {
+        print_summary(&summary, args.json);
+    }
+    if let Some(fingerprint) = summary.weights_fingerprint {
+        // One write, so the ranks' lines do not interleave.
+        let line = format!(
+            "rank {} of {}: weights fnv1a64 {fingerprint:016x} at step {}\n",
+            session.rank(),
+            session.world_size(),
+            summary.last_step
+        );
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
     if let Some((name, status)) = caught.signal().filter(|_| summary.interrupted) {
         let saved = match &summary.saved {
             Some(dir) => format!(
@@ -188,39 +253,40 @@ fn print_header(session: &TrainSession, dev: &Device, args: &Args) {
         (None, ModelSource::Dir(dir)) => dir.display().to_string(),
     };
     let cfg = &session.trainer.model.config;
-    let lines = [
-        format!("adapter   {}", dev.report().adapter),
-        format!(
-            "model     {model}: {} {} layers, {} dims, {} heads{}, {:.1}M parameters{}",
-            cfg.family.model_type(),
-            cfg.n_layer,
-            cfg.n_embd,
-            cfg.n_head,
-            if cfg.n_kv_head < cfg.n_head {
-                format!(" ({} key/value)", cfg.n_kv_head)
-            } else {
-                String::new()
-            },
-            session.trainer.model.params.numel() as f64 / 1e6,
-            match &session.weights_read {
-                Some(read) => format!("; weights {}", read.describe()),
-                None => String::new(),
-            }
-        ),
-        format!(
-            "data      {}: {} tokens for training, {} held out{}",
-            o.data.display(),
-            session.data.train().len(),
-            session.data.held_out().len(),
-            if session.data.from_cache() {
-                " (token cache)"
-            } else {
-                ""
-            }
-        ),
-        format!(
+    let lines =
+        [
+            format!("adapter   {}", dev.report().adapter),
+            format!(
+                "model     {model}: {} {} layers, {} dims, {} heads{}, {:.1}M parameters{}",
+                cfg.family.model_type(),
+                cfg.n_layer,
+                cfg.n_embd,
+                cfg.n_head,
+                if cfg.n_kv_head < cfg.n_head {
+                    format!(" ({} key/value)", cfg.n_kv_head)
+                } else {
+                    String::new()
+                },
+                session.trainer.model.params.numel() as f64 / 1e6,
+                match &session.weights_read {
+                    Some(read) => format!("; weights {}", read.describe()),
+                    None => String::new(),
+                }
+            ),
+            format!(
+                "data      {}: {} tokens for training, {} held out{}",
+                o.data.display(),
+                session.data.train().len(),
+                session.data.held_out().len(),
+                if session.data.from_cache() {
+                    " (token cache)"
+                } else {
+                    ""
+                }
+            ),
+            format!(
             "training  {} steps of {} x {} tokens{}, lr {} ({:?}, {} warm-up), weight decay {}, \
-             grad clip {}, seed {}{}",
+             grad clip {}, seed {}{}{}",
             o.steps,
             o.batch,
             o.seq,
@@ -235,13 +301,19 @@ fn print_header(session: &TrainSession, dev: &Device, args: &Args) {
             o.weight_decay,
             o.grad_clip,
             o.seed,
+            if session.world_size() > 1 {
+                let world = session.world_size();
+                format!(", {world} ranks (global batch {world} x {} sequences)", o.batch)
+            } else {
+                String::new()
+            },
             if o.amp {
                 ", mixed precision (f16 matmuls, loss scaling)"
             } else {
                 ""
             }
         ),
-    ];
+        ];
     for line in lines {
         eprintln!("{line}");
     }

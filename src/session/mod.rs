@@ -8,11 +8,13 @@
 //! Between two read-backs the host records step N+1 while the GPU runs step N.
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::Precision;
+use crate::dist::Collective;
 use crate::error::{Error, Result};
 use crate::graph::{Device, Tensor};
 use crate::model::{
@@ -109,6 +111,9 @@ pub struct RunSummary {
     pub saved: Option<PathBuf>,
     /// The run stopped early on `RunControl::interrupt`.
     pub interrupted: bool,
+    /// Data parallel: FNV-1a of this rank's weights at the end (every rank's is checked to be
+    /// rank 0's, `dist::weights_agree`).
+    pub weights_fingerprint: Option<u64>,
 }
 
 /// Read back the losses once per about this much time of steps.
@@ -132,6 +137,15 @@ struct SavedOptions {
     /// checkpoints only (`OutDir`). (Missing in checkpoints written before it was saved.)
     #[serde(default)]
     run_id: Option<String>,
+    /// The ranks that trained it (data parallel, `TrainSession::join`): each step's batch was
+    /// this many times `options.batch`, so a resume takes as many. (1 in checkpoints written
+    /// before it was saved.)
+    #[serde(default = "one")]
+    world_size: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 /// A new run's identity: unique enough to tell two runs' checkpoints apart.
@@ -166,6 +180,8 @@ pub struct TrainSession {
     /// What the weight files held, for a model loaded from a directory (trained as f32 master
     /// weights whatever they held).
     pub weights_read: Option<WeightsRead>,
+    /// The ranks of the run the checkpoint resumed from trained on.
+    resumed_world_size: Option<usize>,
 }
 
 /// An error unless `device` runs with the precision the checkpoint in `dir` was trained with
@@ -270,6 +286,7 @@ impl TrainSession {
             run_id: new_run_id(),
             resumed_from: None,
             weights_read: None,
+            resumed_world_size: None,
         })
     }
 
@@ -323,7 +340,38 @@ impl TrainSession {
             session.run_id = id;
         }
         session.resumed_from = Some(dir.to_path_buf());
+        session.resumed_world_size = Some(meta.world_size);
         Ok(session)
+    }
+
+    /// Makes this session one rank of a data-parallel run over `collective`: rank 0's weights
+    /// are broadcast to every rank, each step draws the global batch of `world_size` times
+    /// `options.batch` sequences (the same stream as one process with that batch) and trains
+    /// on this rank's rows of it, and the gradients and losses are averaged over the ranks
+    /// (`Trainer::set_collective`). Rank 0 alone evaluates and saves (`run`). Every rank must
+    /// join with the same options.
+    pub fn join(&mut self, collective: Rc<dyn Collective>) -> Result<()> {
+        let world = collective.world_size();
+        crate::dist::broadcast_weights(collective.as_ref(), &self.trainer.model.params)?;
+        let position = self.sampler.position();
+        self.sampler = self.data.train_batches(
+            self.options.batch * world,
+            self.options.seq,
+            self.options.seed,
+        )?;
+        self.sampler.set_position(position)?;
+        self.trainer.set_collective(collective);
+        Ok(())
+    }
+
+    /// The ranks training together (1 without `join`).
+    pub fn world_size(&self) -> usize {
+        self.trainer.collective().map_or(1, |c| c.world_size())
+    }
+
+    /// This process's rank (0 without `join`).
+    pub fn rank(&self) -> usize {
+        self.trainer.collective().map_or(0, |c| c.rank())
     }
 
     /// Optimizer steps taken.
@@ -331,9 +379,9 @@ impl TrainSession {
         self.trainer.step
     }
 
-    /// Tokens one optimizer step trains on.
+    /// Tokens one optimizer step trains on, over every rank.
     pub fn tokens_per_step(&self) -> usize {
-        self.options.batch * self.options.seq * self.options.grad_accum
+        self.world_size() * self.options.batch * self.options.seq * self.options.grad_accum
     }
 
     /// Records one optimizer step over the next batches; the loss stays on the GPU.
@@ -341,11 +389,18 @@ impl TrainSession {
         let dev = self.trainer.model.params.device().clone();
         let (b, t) = (self.options.batch, self.options.seq);
         let mut micro = Vec::with_capacity(self.options.grad_accum);
+        let rank = self.rank();
         for _ in 0..self.options.grad_accum {
+            // The global batch, of which this rank trains on its B rows (all of it alone).
             let batch = self.sampler.next_batch();
+            let (inputs, targets) = (batch.inputs(), batch.targets());
             micro.push((
-                Tensor::from_u32(&dev, &batch.inputs(), &[b, t])?,
-                Tensor::from_u32(&dev, &batch.targets(), &[b, t])?,
+                Tensor::from_u32(&dev, crate::dist::shard_rows(&inputs, t, rank, b)?, &[b, t])?,
+                Tensor::from_u32(
+                    &dev,
+                    crate::dist::shard_rows(&targets, t, rank, b)?,
+                    &[b, t],
+                )?,
             ));
         }
         self.trainer.step(&micro)
@@ -388,6 +443,7 @@ impl TrainSession {
             data_tokens_fnv1a64: format!("{:016x}", self.data_fingerprint),
             precision: device.options().precision.in_effect(self.options.amp),
             run_id: Some(self.run_id.clone()),
+            world_size: self.world_size(),
         };
         let state = TrainState {
             step: self.trainer.step as u64,
@@ -432,20 +488,38 @@ impl TrainSession {
                 ),
             });
         }
+        if let Some(saved) = self.resumed_world_size.filter(|&w| w != self.world_size()) {
+            return Err(Error::InvalidArgument {
+                op: "--resume",
+                reason: format!(
+                    "the checkpoint was trained by {saved} ranks (each step {saved} x --batch \
+                     sequences), this run has {}: resume it under `mpirun -np {saved}`",
+                    self.world_size()
+                ),
+            });
+        }
         if control.save_every > 0 && control.out.is_none() {
             return Err(Error::InvalidArgument {
                 op: "--save-every",
                 reason: "checkpoints need a directory: give --out DIR".into(),
             });
         }
+        // Data parallel: rank 0 alone saves and evaluates; the others agree with it on when
+        // to stop and check that their weights are its own.
+        let collective = self.trainer.collective().cloned();
+        let lead = self.rank() == 0;
         let out = (control.out.as_deref())
+            .filter(|_| lead)
             .map(|path| self.open_out(path, control.overwrite))
             .transpose()?;
-        if control.eval_every > 0 {
+        let eval_every = if lead { control.eval_every } else { 0 };
+        if eval_every > 0 {
             // Before any work: a held-out split too short for one sequence.
             self.data.held_out_batches(1, self.options.seq)?;
         }
         let requested = || control.interrupt.as_ref().is_some_and(Interrupt::requested);
+        // A stop asked for after a step's agreement waits for the next step's under MPI.
+        let late_requested = || collective.is_none() && requested();
         let dev = self.trainer.model.params.device().clone();
         let ring = Tensor::zeros(&dev, &[LOSS_RING])?;
         let first_step = self.step() + 1;
@@ -464,6 +538,7 @@ impl TrainSession {
             wall: Duration::ZERO,
             saved: None,
             interrupted: false,
+            weights_fingerprint: None,
         };
         while self.step() < until {
             let loss = self.record_step()?;
@@ -474,11 +549,19 @@ impl TrainSession {
             dev.flush();
             pending += 1;
             let step = self.step();
-            let stop = requested();
+            let stop = match &collective {
+                Some(c) => c.any(requested())?,
+                None => requested(),
+            };
             let end = step == until;
             let last = end || stop;
-            let eval_now =
-                control.eval_every > 0 && (step.is_multiple_of(control.eval_every) || end);
+            if let Some(c) = &collective {
+                let at_save = control.save_every > 0 && step.is_multiple_of(control.save_every);
+                if last || at_save {
+                    crate::dist::weights_agree(c.as_ref(), &self.trainer.model.params, step)?;
+                }
+            }
+            let eval_now = eval_every > 0 && (step.is_multiple_of(eval_every) || end);
             let save_now = out.is_some()
                 && (last || (control.save_every > 0 && step.is_multiple_of(control.save_every)));
             if pending < read_every && !last && !eval_now && !save_now {
@@ -525,7 +608,7 @@ impl TrainSession {
             summary.tokens += pending * self.tokens_per_step();
             // A stop asked for during the read-back, the evaluation or the save also saves
             // this step (once), then ends the run.
-            let mut stop = stop || requested();
+            let mut stop = stop || late_requested();
             let mut saved = false;
             loop {
                 if let Some(out) = out.as_ref().filter(|_| (save_now || stop) && !saved) {
@@ -537,7 +620,7 @@ impl TrainSession {
                         dir: out.path().to_path_buf(),
                     });
                 }
-                if stop || !requested() {
+                if stop || !late_requested() {
                     break;
                 }
                 stop = true;
@@ -550,6 +633,11 @@ impl TrainSession {
             }
         }
         summary.last_step = self.step();
+        if collective.is_some() {
+            summary.weights_fingerprint = Some(crate::dist::weights_fingerprint(
+                &self.trainer.model.params,
+            )?);
+        }
         summary.wall = started.elapsed();
         Ok(summary)
     }
