@@ -5,7 +5,7 @@
 
 use std::rc::Rc;
 
-use crate::dist::{Collective, GradientReducer};
+use crate::dist::{Collective, Reduction};
 use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
 use crate::memory::Reuse;
@@ -31,7 +31,7 @@ pub struct Trainer {
     /// Dispatches of a step's first submit (`FIRST_SUBMIT_DISPATCHES`).
     first_submit: usize,
     /// Data parallel: the ranks whose gradients (and losses) each step averages (`dist`).
-    collective: Option<(Rc<dyn Collective>, GradientReducer)>,
+    collective: Option<(Rc<dyn Collective>, Box<dyn Reduction>)>,
 }
 
 impl Trainer {
@@ -68,10 +68,19 @@ impl Trainer {
         })
     }
 
-    /// Averages each step's gradients and loss over the ranks of `collective` before the
-    /// update (data parallel: every rank steps with the same gradient).
-    pub fn set_collective(&mut self, collective: Rc<dyn Collective>) {
-        self.collective = Some((collective, GradientReducer::new()));
+    /// Averages each step's gradients and loss over the ranks of `collective` by `reduction`
+    /// before the update (data parallel: every rank steps with the same gradient).
+    pub fn set_collective(
+        &mut self,
+        collective: Rc<dyn Collective>,
+        reduction: Box<dyn Reduction>,
+    ) {
+        self.collective = Some((collective, reduction));
+    }
+
+    /// How this trainer averages gradients over the ranks, if it does.
+    pub fn reduction(&self) -> Option<&dyn Reduction> {
+        self.collective.as_ref().map(|(_, r)| r.as_ref())
     }
 
     /// The ranks this trainer averages over, if any.
@@ -87,8 +96,8 @@ impl Trainer {
     /// micro-batch's forward before its backward is recorded (a queue.submit each, one more
     /// for the rest: 3 a step for one micro-batch), where their pipelines have compiled (a
     /// cold step skips those of its early submits that would wait for a compile). With a
-    /// collective (`set_collective`), the gradients and the loss are the ranks' means, read
-    /// back and reduced on the host before the update.
+    /// collective (`set_collective`), the gradients and the loss are the ranks' means before the
+    /// update (`dist::Reduction`).
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
         if micro_batches.is_empty() {
             return Err(Error::InvalidArgument {
@@ -132,10 +141,11 @@ impl Trainer {
         };
         // Data parallel: every rank's gradients and loss become the ranks' means here.
         let reduced = match &mut self.collective {
-            Some((collective, reducer)) => {
-                let _span = tracing::info_span!("allreduce").entered();
+            Some((_, reduction)) => {
+                // A span inside, once this rank's backward has finished ("gradient
+                // reduction").
                 let local = mean(total.clone())?;
-                Some(reducer.average(collective.as_ref(), &self.model.params, &local)?)
+                Some(reduction.average(&self.model.params, &local)?)
             }
             None => None,
         };
@@ -143,6 +153,10 @@ impl Trainer {
             let _span = tracing::info_span!("optimizer").entered();
             let lr = self.schedule.lr_at(self.step, self.lr);
             self.opt.step(&self.model.params, lr)?;
+        }
+        if let Some((_, reduction)) = &mut self.collective {
+            // The update was recorded while the ranks' allreduce ran; it is submitted now.
+            reduction.finish()?;
         }
         dev.set_phase(Phase::Forward);
         self.step += 1;

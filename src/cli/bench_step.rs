@@ -3,15 +3,18 @@
 //! step, step-0 (cold) time. Prints a table, or `--json`.
 
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::Instant;
 
 use serde::Serialize;
+use wgrad::dist::{Collective, Reduction};
 use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::tune;
-use wgrad::{Device, Result};
+use wgrad::{Device, Error, Options, Result};
 
+use super::dist::{abort_others_on_error, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -46,6 +49,10 @@ pub struct Args {
     /// With --tune: keep each product's fastest tile alone, unchecked in the step.
     #[arg(long)]
     tune_isolated: bool,
+    /// Under mpirun: how the ranks' gradients are averaged (each rank steps on its own
+    /// --batch; rank 0 reports the step, the reduction and the tokens/s of all ranks).
+    #[arg(long, value_enum, default_value_t)]
+    reduce: ReduceArg,
 }
 
 /// One kernel variant's compile (naga and the driver) on its worker.
@@ -65,6 +72,15 @@ struct Report {
     params: usize,
     /// Mixed precision (--amp).
     amp: bool,
+    /// Ranks stepping together under mpirun (1 without): tokens_per_s counts all of them.
+    world_size: usize,
+    /// How their gradients were averaged (absent for one rank).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reduction: Option<String>,
+    /// Median ms of a timed step's reduction, from the end of this rank's backward (absent
+    /// for one rank).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reduce_ms: Option<f64>,
     step0_ms: f64,
     /// Step 0's pipelines: how many compiled, their compile time summed over the worker
     /// threads, and how long the step's flushes waited for them.
@@ -133,7 +149,25 @@ fn pool_bytes(dev: &Device) -> u64 {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let dev = Device::new()?;
+    let options = Options::from_env()?;
+    let dev = Device::with_options(&options)?;
+    let world = super::dist::join(&options, &dev, args.reduce, args.amp)?;
+    let collective = world.as_ref().map(|(c, _)| c.clone());
+    abort_others_on_error(collective.as_ref(), bench(args, &dev, world))
+}
+
+fn median_of(v: &[f64]) -> f64 {
+    let mut sorted = v.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn bench(
+    args: &Args,
+    dev: &Device,
+    world: Option<(Rc<dyn Collective>, Box<dyn Reduction>)>,
+) -> Result<()> {
+    let dev = dev.clone();
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
     let (batch, seq, amp) = (args.batch, args.seq, args.amp);
@@ -152,7 +186,22 @@ pub fn run(args: &Args) -> Result<()> {
         ..Default::default()
     };
     let mut trainer = Trainer::new(model, adamw, 1e-4, LrSchedule::Constant { warmup: 0 })?;
-    let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, 1)?;
+    let (mut rank, mut world_size) = (0, 1);
+    if let Some((collective, reduction)) = world {
+        if args.tune {
+            return Err(Error::InvalidArgument {
+                op: "--tune",
+                reason: "tile searches run on one process: tune without mpirun first".into(),
+            });
+        }
+        (rank, world_size) = (collective.rank(), collective.world_size());
+        wgrad::dist::broadcast_weights(collective.as_ref(), &trainer.model.params)?;
+        trainer.set_collective(collective, reduction);
+    }
+    // Each rank its own tokens.
+    let seed = 1 + rank as u64;
+    let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, seed)?;
+    let mut reduce_times = Vec::new();
     let mut tuned = Vec::new();
     if args.tune {
         let searches = tune::search_step(&dev, 5, || {
@@ -225,6 +274,9 @@ pub fn run(args: &Args) -> Result<()> {
                 .collect();
         }
         if i >= args.warmup.max(1) {
+            if let Some(r) = trainer.reduction() {
+                reduce_times.push(r.last_time().as_secs_f64() * 1e3);
+            }
             let c = dev.counters() - c0;
             submits += c.submits;
             dispatches += c.dispatches;
@@ -246,7 +298,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut sorted = timed.clone();
     sorted.sort_by(|a, b| a.total_cmp(b));
     let n = sorted.len().max(1) as f64;
-    let median = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
+    let median = median_of(&sorted);
     let report = Report {
         adapter: dev.report().adapter,
         model: name,
@@ -254,6 +306,9 @@ pub fn run(args: &Args) -> Result<()> {
         seq: args.seq,
         params,
         amp: args.amp,
+        world_size,
+        reduction: trainer.reduction().map(|r| r.describe()),
+        reduce_ms: trainer.reduction().map(|_| median_of(&reduce_times)),
         step0_ms: times[0],
         step0_pipelines_compiled: step0.0,
         step0_compile_ms: step0.1,
@@ -263,7 +318,7 @@ pub fn run(args: &Args) -> Result<()> {
         median_ms: median,
         min_ms: sorted.first().copied().unwrap_or(0.0),
         max_ms: sorted.last().copied().unwrap_or(0.0),
-        tokens_per_s: (args.batch * args.seq) as f64 / (median * 1e-3),
+        tokens_per_s: (world_size * args.batch * args.seq) as f64 / (median * 1e-3),
         submits_per_step: submits as f64 / n,
         buffers_created_per_step: created as f64 / n,
         dispatches_per_step: dispatches as f64 / n,
@@ -280,6 +335,9 @@ pub fn run(args: &Args) -> Result<()> {
         buffers_created_after_step_2: created_by_step_2.map_or(0, |b| buffers - b),
         tuned,
     };
+    if rank > 0 {
+        return Ok(());
+    }
     if args.json {
         println!(
             "{}",
@@ -316,6 +374,12 @@ pub fn run(args: &Args) -> Result<()> {
             args.warmup.max(1)
         );
         println!("tokens/s             {:>10.0}", report.tokens_per_s);
+        if let (Some(how), Some(ms)) = (&report.reduction, report.reduce_ms) {
+            println!(
+                "ranks                {:>10}  (gradients averaged by {how}: {ms:.2} ms a step, median)",
+                report.world_size
+            );
+        }
         println!("submits per step     {:>10.1}", report.submits_per_step);
         println!(
             "buffers created/step {:>10.1}",

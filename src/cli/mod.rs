@@ -3,6 +3,7 @@
 mod bench_matmul;
 mod bench_ops;
 mod bench_step;
+mod dist;
 mod eval;
 mod generate;
 mod info;

@@ -9,8 +9,9 @@ use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::profile::{chrome_trace, Profiler};
 use wgrad::train::Trainer;
-use wgrad::{Device, Error, Result};
+use wgrad::{Device, Error, Options, Result};
 
+use super::dist::{abort_others_on_error, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -40,6 +41,10 @@ pub struct Args {
     /// Write a Chrome trace (chrome://tracing, Perfetto) to this file.
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Under mpirun: how the ranks' gradients are averaged (each rank trains its own --batch;
+    /// rank 0 reports, the reduction as the "gradient reduction" phase).
+    #[arg(long, value_enum, default_value_t)]
+    reduce: ReduceArg,
 }
 
 fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
@@ -54,7 +59,22 @@ fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let dev = Device::new()?;
+    let options = Options::from_env()?;
+    let dev = Device::with_options(&options)?;
+    let world = super::dist::join(&options, &dev, args.reduce, args.amp)?;
+    let collective = world.as_ref().map(|(c, _)| c.clone());
+    abort_others_on_error(collective.as_ref(), profile(args, &dev, world))
+}
+
+fn profile(
+    args: &Args,
+    dev: &Device,
+    world: Option<(
+        std::rc::Rc<dyn wgrad::dist::Collective>,
+        Box<dyn wgrad::dist::Reduction>,
+    )>,
+) -> Result<()> {
+    let dev = dev.clone();
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
     let (batch, seq, amp) = (args.batch, args.seq, args.amp);
@@ -66,7 +86,22 @@ pub fn run(args: &Args) -> Result<()> {
         ..Default::default()
     };
     let mut trainer = Trainer::new(model, adamw, 1e-4, LrSchedule::Constant { warmup: 0 })?;
-    let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, 1)?;
+    let (rank, ranks) = match world {
+        Some((collective, reduction)) => {
+            let ranks = (
+                collective.rank(),
+                collective.world_size(),
+                reduction.describe(),
+            );
+            wgrad::dist::broadcast_weights(collective.as_ref(), &trainer.model.params)?;
+            trainer.set_collective(collective, reduction);
+            (ranks.0, Some((ranks.1, ranks.2)))
+        }
+        None => (0, None),
+    };
+    // Each rank its own tokens.
+    let seed = 1 + rank as u64;
+    let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, seed)?;
     let mut prof = Profiler::new(&dev);
     let warmup = args.warmup.max(1);
     for _ in 0..warmup + args.steps {
@@ -78,6 +113,15 @@ pub fn run(args: &Args) -> Result<()> {
         trainer.step(std::slice::from_ref(&batch))?.item()
     })?;
     let report = prof.report(warmup);
+    if rank > 0 {
+        return Ok(());
+    }
+    if let Some((n, how)) = &ranks {
+        println!(
+            "{n} ranks, each {} x {} tokens; gradients averaged by {how}",
+            args.batch, args.seq
+        );
+    }
     println!(
         "adapter {}; {} x {} tokens; {} warm-up + {} profiled steps\n",
         dev.report().adapter,

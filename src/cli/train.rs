@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::dist::{abort_others_on_error, ReduceArg};
 use super::signals;
 use indicatif::{ProgressBar, ProgressStyle};
 use wgrad::dist::Collective;
@@ -91,6 +92,9 @@ pub struct Args {
     /// One JSON object per step on stdout instead of the progress bar.
     #[arg(long)]
     json: bool,
+    /// Under mpirun: how the ranks' gradients are averaged (docs/DISTRIBUTED.md).
+    #[arg(long, value_enum, default_value_t)]
+    reduce: ReduceArg,
 }
 
 impl Args {
@@ -125,34 +129,9 @@ impl Args {
 /// rank ends them all, with its message.
 pub fn run(args: &Args) -> Result<()> {
     let options = Options::from_env()?;
-    let world = launcher_world(&options)?;
+    let world = wgrad::dist::launch(&options)?;
     let result = train(args, &options, world.clone());
-    match (&result, &world) {
-        (Err(e), Some(world)) if world.world_size() > 1 => world.abort(&e.to_string()),
-        _ => result,
-    }
-}
-
-/// The ranks an MPI launcher started, if one did.
-#[cfg(feature = "mpi")]
-fn launcher_world(options: &Options) -> Result<Option<Rc<dyn Collective>>> {
-    let world = wgrad::dist::mpi::MpiWorld::from_launcher(&options.dist)?;
-    Ok(world.map(|w| Rc::new(w) as Rc<dyn Collective>))
-}
-
-/// Without MPI, several ranks would each train alone and write over each other: refused.
-#[cfg(not(feature = "mpi"))]
-fn launcher_world(options: &Options) -> Result<Option<Rc<dyn Collective>>> {
-    match options.dist.launcher_world_size {
-        Some(n) if n > 1 => Err(wgrad::Error::InvalidArgument {
-            op: "mpirun",
-            reason: format!(
-                "an MPI launcher started {n} ranks, but this wgrad was built without the `mpi` \
-                 feature, so each would train alone (build it with `--features mpi`)"
-            ),
-        }),
-        _ => Ok(None),
-    }
+    abort_others_on_error(world.as_ref(), result)
 }
 
 fn train(args: &Args, options: &Options, world: Option<Rc<dyn Collective>>) -> Result<()> {
@@ -185,7 +164,9 @@ fn train(args: &Args, options: &Options, world: Option<Rc<dyn Collective>>) -> R
     };
     wait_for_rank_0(lead)?;
     if let Some(world) = world {
-        session.join(world)?;
+        let reduction =
+            wgrad::dist::reduction(args.reduce.into(), &world, &dev, session.options.amp)?;
+        session.join(world, reduction)?;
     }
     let interrupt = Interrupt::new();
     let control = RunControl {
@@ -316,6 +297,13 @@ fn print_header(session: &TrainSession, dev: &Device, args: &Args) {
         ];
     for line in lines {
         eprintln!("{line}");
+    }
+    if let Some(reduction) = session.trainer.reduction() {
+        eprintln!(
+            "ranks     {}, gradients averaged by {}",
+            session.world_size(),
+            reduction.describe()
+        );
     }
 }
 

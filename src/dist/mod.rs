@@ -1,27 +1,37 @@
 //! Data-parallel training: one process per GPU, each with the whole model, its own shard of
 //! every batch and the averaged gradient. A `Collective` is how the processes talk (MPI's
-//! `MpiWorld` with `--features mpi`; a later NCCL path implements the same trait); the rest
-//! of this module is what the trainer does with one, on host buffers:
+//! `MpiWorld` with `--features mpi`, started by `launch`); a `Reduction` is how a step's
+//! gradients become the ranks' mean, one of two chosen at run time (`reduction`):
 //!
-//! - `broadcast_weights`: rank 0's parameters to every rank, once, before the first step;
-//! - `GradientReducer::average`: after each step's backward, before the optimizer, every
-//!   parameter chunk's gradient read back to the host, summed over the ranks in one allreduce
-//!   (with the step's loss in the same buffer), divided by the world size and written back.
-//!   Every rank then holds the same bits, so every rank's optimizer makes the same update and
-//!   the weights stay bitwise identical with no further traffic. Under mixed precision an
-//!   overflow on any rank makes the sum non-finite on all of them, so every rank's optimizer
-//!   skips the same step (the loss-scale decision is agreed without a message of its own);
-//! - `weights_agree`: a check that the ranks' weights are still the same bits.
+//! | reduction | where the gradients travel | adapters |
+//! | --- | --- | --- |
+//! | `host::HostReduction` | read back to the host, MPI's allreduce, written back | any, any number of hosts |
+//! | `nccl::NcclReduction` (`--features nccl`) | a Vulkan buffer CUDA maps, NCCL's allreduce | NVIDIA under Vulkan |
 //!
-//! Host staging costs a read-back and an upload of every gradient a step: correctness first;
-//! buckets overlapping the backward, and device-memory reduction, are later work (DESIGN.md).
+//! Either gives every rank the same bits, so every rank's optimizer makes the same update
+//! and the weights stay bitwise identical with no further traffic; under mixed precision an
+//! overflow on any rank makes the mean non-finite on all of them, so every rank's optimizer
+//! skips the same step (the loss-scale decision is agreed without a message of its own).
+//! Besides: `broadcast_weights` (rank 0's parameters to every rank, once), `weights_agree`
+//! (a check that the ranks' weights are still the same bits) and `shard_rows`.
 
+mod host;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+mod nccl;
+#[cfg(feature = "nccl")]
+mod vulkan_export;
 
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::config::Options;
 use crate::error::{Error, Result};
-use crate::graph::Tensor;
+use crate::graph::{Device, Tensor};
 use crate::nn::Parameters;
+
+pub use host::HostReduction;
 
 /// The processes of one data-parallel run and the collectives they take part in. Every rank
 /// calls the same collectives in the same order; a call returns once all have made it.
@@ -31,6 +41,8 @@ pub trait Collective {
     fn world_size(&self) -> usize;
     /// `buf` of rank `root` into every rank's `buf` (the same length on every rank).
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()>;
+    /// `buf` of rank `root` into every rank's `buf`, bytes (an identifier NCCL's ranks share).
+    fn broadcast_bytes(&self, buf: &mut [u8], root: usize) -> Result<()>;
     /// Every rank's `buf` summed elementwise into every rank's `buf`, in place; every rank
     /// gets the same bits.
     fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()>;
@@ -100,67 +112,6 @@ pub fn weights_agree(c: &dyn Collective, params: &Parameters, step: usize) -> Re
     Ok(())
 }
 
-/// Averages gradients (and the step's loss) over the ranks through host buffers.
-pub struct GradientReducer {
-    /// Every chunk's gradient, then the loss: one allreduce a step. Kept between steps (no
-    /// allocation after the first).
-    staging: Vec<f32>,
-}
-
-impl Default for GradientReducer {
-    fn default() -> Self {
-        GradientReducer::new()
-    }
-}
-
-impl GradientReducer {
-    pub fn new() -> GradientReducer {
-        GradientReducer {
-            staging: Vec::new(),
-        }
-    }
-
-    /// Replaces every gradient chunk of `params` by its mean over the ranks and returns the
-    /// mean of `loss` (a scalar, this rank's step loss) over the ranks, as a new scalar tensor.
-    /// Waits for this rank's step so far (the read-back), then for every rank (the allreduce).
-    pub fn average(
-        &mut self,
-        c: &dyn Collective,
-        params: &Parameters,
-        loss: &Tensor,
-    ) -> Result<Tensor> {
-        // Gradients no backward wrote hold stale values until the optimizer zeroes them; zero
-        // them now so none travels (every rank leaves the same ones unwritten, so the sum is
-        // zero there and the optimizer's own zeroing changes nothing).
-        params.zero_unwritten_grads()?;
-        self.staging.clear();
-        for chunk in &params.chunks {
-            self.staging.extend(chunk.grad.to_vec()?);
-        }
-        let loss_host = loss.to_vec()?;
-        if loss_host.len() != 1 {
-            return Err(Error::InvalidArgument {
-                op: "GradientReducer::average",
-                reason: format!("the loss has {} elements, not 1", loss_host.len()),
-            });
-        }
-        self.staging.push(loss_host[0]);
-        c.allreduce_sum(&mut self.staging)?;
-        // The sum over ranks divided by their count: the gradient of the mean loss over the
-        // global batch (every shard is the same number of sequences).
-        let inv = 1.0 / c.world_size() as f32;
-        self.staging.iter_mut().for_each(|g| *g *= inv);
-        let mut at = 0;
-        for chunk in &params.chunks {
-            chunk
-                .grad
-                .copy_from_slice(&self.staging[at..at + chunk.numel])?;
-            at += chunk.numel;
-        }
-        Tensor::from_slice(params.device(), &self.staging[at..], &[])
-    }
-}
-
 /// Rows `rank * per_rank .. (rank + 1) * per_rank` of a global batch of `world * per_rank`
 /// rows, each `row_len` long: this rank's shard.
 pub fn shard_rows<T: Copy>(
@@ -183,3 +134,91 @@ pub fn shard_rows<T: Copy>(
 
 #[cfg(test)]
 mod tests;
+
+/// How a step's gradients become the ranks' mean (`host::HostReduction` or, on NVIDIA GPUs,
+/// `nccl::NcclReduction`).
+pub trait Reduction {
+    /// What the run's header says of it: the library and where the gradients travel.
+    fn describe(&self) -> String;
+    /// Replaces every gradient chunk of `params` by its mean over the ranks and returns the
+    /// mean over the ranks of `loss` (a scalar, this rank's step loss), as a new scalar
+    /// tensor: the work that reads them may be recorded at once, and is submitted after
+    /// `finish`. Waits for this rank's step so far.
+    fn average(&mut self, params: &Parameters, loss: &Tensor) -> Result<Tensor>;
+    /// Waits for what `average` left running (NCCL's allreduce, which the work recorded since
+    /// reads), once that work (the optimizer's) is recorded and before it is submitted.
+    fn finish(&mut self) -> Result<()> {
+        Ok(())
+    }
+    /// How long the last reduction took once this rank's backward had finished: the staging
+    /// (host) or the allreduce (NCCL), each waiting for the slowest rank.
+    fn last_time(&self) -> Duration;
+}
+
+/// Which reduction a run asks for (`--reduce`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReduceChoice {
+    /// NCCL where this build has it and the adapter is an NVIDIA GPU under Vulkan, else host.
+    #[default]
+    Auto,
+    /// `HostReduction`: MPI over host buffers, on any adapter.
+    Host,
+    /// `NcclReduction`: an error where it cannot run.
+    Nccl,
+}
+
+/// The ranks an MPI launcher started, if one did (None: a run of one process, which never
+/// initializes MPI). A build without the `mpi` feature refuses several ranks: each would
+/// train alone and write over the others.
+pub fn launch(options: &Options) -> Result<Option<Rc<dyn Collective>>> {
+    #[cfg(feature = "mpi")]
+    {
+        let world = mpi::MpiWorld::from_launcher(&options.dist)?;
+        Ok(world.map(|w| Rc::new(w) as Rc<dyn Collective>))
+    }
+    #[cfg(not(feature = "mpi"))]
+    match options.dist.launcher_world_size {
+        Some(n) if n > 1 => Err(Error::InvalidArgument {
+            op: "mpirun",
+            reason: format!(
+                "an MPI launcher started {n} ranks, but this wgrad was built without the `mpi` \
+                 feature, so each would train alone (build it with `--features mpi`)"
+            ),
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// The reduction `choice` asks for over `world`, on `device`'s adapter; `amp`: a mixed-
+/// precision run, whose gradients NCCL sends as f16. Every rank must ask for the same (`Auto`
+/// decides the same on ranks with the same kind of adapter).
+pub fn reduction(
+    choice: ReduceChoice,
+    world: &Rc<dyn Collective>,
+    device: &Device,
+    amp: bool,
+) -> Result<Box<dyn Reduction>> {
+    let _ = (device, amp);
+    match choice {
+        ReduceChoice::Host => Ok(Box::new(HostReduction::new(world.clone()))),
+        #[cfg(feature = "nccl")]
+        ReduceChoice::Nccl => Ok(Box::new(nccl::NcclReduction::new(
+            world.clone(),
+            device,
+            amp,
+        )?)),
+        #[cfg(not(feature = "nccl"))]
+        ReduceChoice::Nccl => Err(error(
+            world.as_ref(),
+            "--reduce nccl: this wgrad was built without the `nccl` feature (build it with \
+             `--features nccl`)",
+        )),
+        #[cfg(feature = "nccl")]
+        ReduceChoice::Auto if nccl::applies(device) => Ok(Box::new(nccl::NcclReduction::new(
+            world.clone(),
+            device,
+            amp,
+        )?)),
+        ReduceChoice::Auto => Ok(Box::new(HostReduction::new(world.clone()))),
+    }
+}

@@ -87,6 +87,21 @@ impl MpiWorld {
     }
 }
 
+impl MpiWorld {
+    /// `buf` of rank `root` into every rank's.
+    fn broadcast_any<T: Equivalence>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        if root >= self.world_size() {
+            return Err(super::error(self, format!("broadcast from rank {root}")));
+        }
+        let root = self.world.process_at_rank(root as i32);
+        mpi::request::scope(|scope| {
+            let request = root.immediate_broadcast_into(scope, buf);
+            self.wait(request, "a broadcast");
+        });
+        Ok(())
+    }
+}
+
 impl Collective for MpiWorld {
     fn rank(&self) -> usize {
         self.world.rank() as usize
@@ -97,15 +112,11 @@ impl Collective for MpiWorld {
     }
 
     fn broadcast(&self, buf: &mut [f32], root: usize) -> Result<()> {
-        if root >= self.world_size() {
-            return Err(super::error(self, format!("broadcast from rank {root}")));
-        }
-        let root = self.world.process_at_rank(root as i32);
-        mpi::request::scope(|scope| {
-            let request = root.immediate_broadcast_into(scope, buf);
-            self.wait(request, "a broadcast");
-        });
-        Ok(())
+        self.broadcast_any(buf, root)
+    }
+
+    fn broadcast_bytes(&self, buf: &mut [u8], root: usize) -> Result<()> {
+        self.broadcast_any(buf, root)
     }
 
     fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()> {

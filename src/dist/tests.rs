@@ -2,6 +2,7 @@
 //! other rank's buffers are given by the test.
 
 use std::cell::RefCell;
+use std::rc::Rc;
 
 use super::*;
 use crate::nn::ParamSpec;
@@ -30,6 +31,12 @@ impl Collective for FakeWorld {
         if root != self.rank {
             buf.copy_from_slice(&self.root[..buf.len()]);
         }
+        Ok(())
+    }
+    fn broadcast_bytes(&self, buf: &mut [u8], _root: usize) -> Result<()> {
+        self.calls
+            .borrow_mut()
+            .push(format!("broadcast {} bytes", buf.len()));
         Ok(())
     }
     fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()> {
@@ -91,18 +98,19 @@ fn gradients_and_loss_are_averaged_over_the_ranks() -> Result<()> {
     let layout: Vec<usize> = p.chunks.iter().map(|ch| ch.numel).collect();
     let total: usize = layout.iter().sum();
     let other: Vec<f32> = (0..total).map(|i| 100.0 + i as f32).chain([7.0]).collect();
-    let world = FakeWorld {
+    let world = Rc::new(FakeWorld {
         rank: 0,
         other: other.clone(),
         root: Vec::new(),
         calls: RefCell::new(Vec::new()),
-    };
+    });
     let before: Vec<Vec<f32>> = p
         .chunks
         .iter()
         .map(|ch| ch.grad.to_vec())
         .collect::<Result<_>>()?;
-    let mean_loss = GradientReducer::new().average(&world, &p, &loss.detach())?;
+    let mut reduction = HostReduction::new(world.clone());
+    let mean_loss = reduction.average(&p, &loss.detach())?;
     assert_eq!(*world.calls.borrow(), [format!("allreduce {}", total + 1)]);
     assert_eq!(mean_loss.to_vec()?, [(local_loss + 7.0) * 0.5]);
     let mut at = 0;

@@ -8,13 +8,11 @@
 //! Between two read-backs the host records step N+1 while the GPU runs step N.
 
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::config::Precision;
-use crate::dist::Collective;
 use crate::error::{Error, Result};
 use crate::graph::{Device, Tensor};
 use crate::model::{
@@ -26,6 +24,7 @@ use crate::ops::{launch_copy, Out};
 use crate::optim::{AdamWConfig, LrSchedule};
 use crate::train::Trainer;
 
+mod dist;
 mod interrupt;
 mod options;
 mod out_dir;
@@ -342,36 +341,6 @@ impl TrainSession {
         session.resumed_from = Some(dir.to_path_buf());
         session.resumed_world_size = Some(meta.world_size);
         Ok(session)
-    }
-
-    /// Makes this session one rank of a data-parallel run over `collective`: rank 0's weights
-    /// are broadcast to every rank, each step draws the global batch of `world_size` times
-    /// `options.batch` sequences (the same stream as one process with that batch) and trains
-    /// on this rank's rows of it, and the gradients and losses are averaged over the ranks
-    /// (`Trainer::set_collective`). Rank 0 alone evaluates and saves (`run`). Every rank must
-    /// join with the same options.
-    pub fn join(&mut self, collective: Rc<dyn Collective>) -> Result<()> {
-        let world = collective.world_size();
-        crate::dist::broadcast_weights(collective.as_ref(), &self.trainer.model.params)?;
-        let position = self.sampler.position();
-        self.sampler = self.data.train_batches(
-            self.options.batch * world,
-            self.options.seq,
-            self.options.seed,
-        )?;
-        self.sampler.set_position(position)?;
-        self.trainer.set_collective(collective);
-        Ok(())
-    }
-
-    /// The ranks training together (1 without `join`).
-    pub fn world_size(&self) -> usize {
-        self.trainer.collective().map_or(1, |c| c.world_size())
-    }
-
-    /// This process's rank (0 without `join`).
-    pub fn rank(&self) -> usize {
-        self.trainer.collective().map_or(0, |c| c.rank())
     }
 
     /// Optimizer steps taken.

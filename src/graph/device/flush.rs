@@ -39,6 +39,19 @@ impl Device {
         Ok(())
     }
 
+    /// Forbids submits until `release_submits`, because recorded work reads memory that
+    /// another API is still writing (`why`: NCCL's allreduce into the gradient bucket, while
+    /// the optimizer is recorded behind it). A flush in between is a bug in the caller: it
+    /// panics, naming `why`, rather than let the GPU read half-written memory.
+    pub fn hold_submits(&self, why: &'static str) {
+        self.state().held = Some(why);
+    }
+
+    /// Allows submits again (`hold_submits`).
+    pub fn release_submits(&self) {
+        self.state().held = None;
+    }
+
     /// How this device waits for the GPU.
     pub fn wait_mode(&self) -> WaitMode {
         self.rt.wait
@@ -73,6 +86,9 @@ impl Device {
     pub(super) fn flush_locked(&self, s: &mut State) -> Option<wgpu::SubmissionIndex> {
         if s.segment.is_empty() {
             return None;
+        }
+        if let Some(why) = s.held {
+            panic!("a submit while submits are held ({why})");
         }
         // An early submit is for the Segment that was open when it was armed.
         s.early_flush = None;

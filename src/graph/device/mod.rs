@@ -30,6 +30,7 @@ use crate::kernels::tuning::{ProductKey, TileChoice, TileTable};
 use crate::kernels::{grid, PipelineCache};
 use crate::memory::{BufferPool, GpuArena, PooledBuffer, Reuse};
 
+pub use record::ExternalBuffer;
 pub use tiles::TableSource;
 
 /// Dispatches past which an open Segment is flushed on its own (bounds the parameter arena
@@ -115,6 +116,8 @@ struct State {
     split_tickets: Vec<BufferRef>,
     /// The one of them the next dispatch with tickets binds.
     next_tickets: usize,
+    /// Why nothing may be submitted now, if something forbids it (`hold_submits`).
+    held: Option<&'static str>,
 }
 
 /// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
@@ -213,6 +216,7 @@ impl Device {
             product_log: None,
             split_tickets: Vec::new(),
             next_tickets: 0,
+            held: None,
         };
         let max_buffer = gpu.limits.max_buffer_size;
         state.pool.set_limits(options.pool.memory_limit, max_buffer);

@@ -1,0 +1,55 @@
+//! What the commands that train share for data-parallel runs: `--reduce`, and joining the
+//! ranks an MPI launcher started.
+
+use std::rc::Rc;
+
+use wgrad::dist::{Collective, ReduceChoice, Reduction};
+use wgrad::{Device, Options, Result};
+
+/// `--reduce`: how a data-parallel run's gradients are averaged over the ranks.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum ReduceArg {
+    /// NCCL in device memory on NVIDIA GPUs (a build with the `nccl` feature), else host.
+    #[default]
+    Auto,
+    /// MPI's allreduce over gradients staged through the host: any adapter, any hosts.
+    Host,
+    /// NCCL's allreduce in device memory (NVIDIA under Vulkan; an error elsewhere).
+    Nccl,
+}
+
+impl From<ReduceArg> for ReduceChoice {
+    fn from(a: ReduceArg) -> ReduceChoice {
+        match a {
+            ReduceArg::Auto => ReduceChoice::Auto,
+            ReduceArg::Host => ReduceChoice::Host,
+            ReduceArg::Nccl => ReduceChoice::Nccl,
+        }
+    }
+}
+
+/// The ranks an MPI launcher started and the reduction `reduce` asks for on `dev`, if a
+/// launcher started several (None: a run of one process).
+pub fn join(
+    options: &Options,
+    dev: &Device,
+    reduce: ReduceArg,
+    amp: bool,
+) -> Result<Option<(Rc<dyn Collective>, Box<dyn Reduction>)>> {
+    let Some(world) = wgrad::dist::launch(options)? else {
+        return Ok(None);
+    };
+    let reduction = wgrad::dist::reduction(reduce.into(), &world, dev, amp)?;
+    Ok(Some((world, reduction)))
+}
+
+/// `result`; under several ranks an error on this one ends them all, with its message.
+pub fn abort_others_on_error<T>(
+    world: Option<&Rc<dyn Collective>>,
+    result: Result<T>,
+) -> Result<T> {
+    match (&result, world) {
+        (Err(e), Some(world)) if world.world_size() > 1 => world.abort(&e.to_string()),
+        _ => result,
+    }
+}
