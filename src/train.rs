@@ -69,13 +69,16 @@ impl Trainer {
     }
 
     /// Averages each step's gradients and loss over the ranks of `collective` by `reduction`
-    /// before the update (data parallel: every rank steps with the same gradient).
+    /// before the update (data parallel: every rank steps with the same gradient). The
+    /// reduction first places the gradients where it reads them (`Reduction::attach`).
     pub fn set_collective(
         &mut self,
         collective: Rc<dyn Collective>,
-        reduction: Box<dyn Reduction>,
-    ) {
+        mut reduction: Box<dyn Reduction>,
+    ) -> Result<()> {
+        reduction.attach(&mut self.model.params)?;
         self.collective = Some((collective, reduction));
+        Ok(())
     }
 
     /// How this trainer averages gradients over the ranks, if it does.

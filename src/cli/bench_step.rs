@@ -151,7 +151,7 @@ fn pool_bytes(dev: &Device) -> u64 {
 pub fn run(args: &Args) -> Result<()> {
     let options = Options::from_env()?;
     let dev = Device::with_options(&options)?;
-    let world = super::dist::join(&options, &dev, args.reduce, args.amp)?;
+    let world = super::dist::join(&options, &dev, args.reduce)?;
     let collective = world.as_ref().map(|(c, _)| c.clone());
     abort_others_on_error(collective.as_ref(), bench(args, &dev, world))
 }
@@ -196,7 +196,7 @@ fn bench(
         }
         (rank, world_size) = (collective.rank(), collective.world_size());
         wgrad::dist::broadcast_weights(collective.as_ref(), &trainer.model.params)?;
-        trainer.set_collective(collective, reduction);
+        trainer.set_collective(collective, reduction)?;
     }
     // Each rank its own tokens.
     let seed = 1 + rank as u64;

@@ -34,12 +34,11 @@ pub fn join(
     options: &Options,
     dev: &Device,
     reduce: ReduceArg,
-    amp: bool,
 ) -> Result<Option<(Rc<dyn Collective>, Box<dyn Reduction>)>> {
     let Some(world) = wgrad::dist::launch(options)? else {
         return Ok(None);
     };
-    let reduction = wgrad::dist::reduction(reduce.into(), &world, dev, amp)?;
+    let reduction = wgrad::dist::reduction(reduce.into(), &world, dev)?;
     Ok(Some((world, reduction)))
 }
 

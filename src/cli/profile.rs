@@ -61,7 +61,7 @@ fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
 pub fn run(args: &Args) -> Result<()> {
     let options = Options::from_env()?;
     let dev = Device::with_options(&options)?;
-    let world = super::dist::join(&options, &dev, args.reduce, args.amp)?;
+    let world = super::dist::join(&options, &dev, args.reduce)?;
     let collective = world.as_ref().map(|(c, _)| c.clone());
     abort_others_on_error(collective.as_ref(), profile(args, &dev, world))
 }
@@ -94,7 +94,7 @@ fn profile(
                 reduction.describe(),
             );
             wgrad::dist::broadcast_weights(collective.as_ref(), &trainer.model.params)?;
-            trainer.set_collective(collective, reduction);
+            trainer.set_collective(collective, reduction)?;
             (ranks.0, Some((ranks.1, ranks.2)))
         }
         None => (0, None),

@@ -140,6 +140,12 @@ mod tests;
 pub trait Reduction {
     /// What the run's header says of it: the library and where the gradients travel.
     fn describe(&self) -> String;
+    /// Places the gradients where this reduction reads them (NCCL: in exported buffers),
+    /// once, before the first step.
+    fn attach(&mut self, params: &mut Parameters) -> Result<()> {
+        let _ = params;
+        Ok(())
+    }
     /// Replaces every gradient chunk of `params` by its mean over the ranks and returns the
     /// mean over the ranks of `loss` (a scalar, this rank's step loss), as a new scalar
     /// tensor: the work that reads them may be recorded at once, and is submitted after
@@ -189,24 +195,18 @@ pub fn launch(options: &Options) -> Result<Option<Rc<dyn Collective>>> {
     }
 }
 
-/// The reduction `choice` asks for over `world`, on `device`'s adapter; `amp`: a mixed-
-/// precision run, whose gradients NCCL sends as f16. Every rank must ask for the same (`Auto`
-/// decides the same on ranks with the same kind of adapter).
+/// The reduction `choice` asks for over `world`, on `device`'s adapter. Every rank must ask
+/// for the same (`Auto` decides the same on ranks with the same kind of adapter).
 pub fn reduction(
     choice: ReduceChoice,
     world: &Rc<dyn Collective>,
     device: &Device,
-    amp: bool,
 ) -> Result<Box<dyn Reduction>> {
-    let _ = (device, amp);
+    let _ = device;
     match choice {
         ReduceChoice::Host => Ok(Box::new(HostReduction::new(world.clone()))),
         #[cfg(feature = "nccl")]
-        ReduceChoice::Nccl => Ok(Box::new(nccl::NcclReduction::new(
-            world.clone(),
-            device,
-            amp,
-        )?)),
+        ReduceChoice::Nccl => Ok(Box::new(nccl::NcclReduction::new(world.clone(), device)?)),
         #[cfg(not(feature = "nccl"))]
         ReduceChoice::Nccl => Err(error(
             world.as_ref(),
@@ -214,11 +214,9 @@ pub fn reduction(
              `--features nccl`)",
         )),
         #[cfg(feature = "nccl")]
-        ReduceChoice::Auto if nccl::applies(device) => Ok(Box::new(nccl::NcclReduction::new(
-            world.clone(),
-            device,
-            amp,
-        )?)),
+        ReduceChoice::Auto if nccl::applies(device) => {
+            Ok(Box::new(nccl::NcclReduction::new(world.clone(), device)?))
+        }
         ReduceChoice::Auto => Ok(Box::new(HostReduction::new(world.clone()))),
     }
 }

@@ -1,22 +1,22 @@
-//! The device-memory reduction on NVIDIA GPUs: NCCL's allreduce over a Vulkan buffer that
-//! CUDA maps (cudarc, with libcuda and libnccl loaded when the run starts, not linked).
+//! The device-memory reduction on NVIDIA GPUs: NCCL's allreduce over gradients that live in
+//! Vulkan memory CUDA maps (cudarc, with libcuda and libnccl loaded when the run starts, not
+//! linked).
 //!
-//! The gradient bucket is one exported Vulkan buffer (`vulkan_export`), imported into the
-//! CUDA device of the same UUID. A step's `average`:
-//! 1. waits for this rank's backward (a fence: `Device::sync`), then records copies of every
-//!    gradient chunk into the bucket (under mixed precision, f16: each chunk divided by the
-//!    world size and cast first, half the bytes on the wire) and waits for them;
-//! 2. runs NCCL's allreduce (f32: the mean, `ncclAvg`; f16: the sum of the divided chunks)
-//!    on a CUDA stream, and the loss's own f32 allreduce, and waits for the stream, polling
-//!    it against `DistOptions::timeout` (a rank that died ends the job: the communicator is
-//!    aborted, then MPI's);
-//! 3. records copies back into the gradients (and the f16 sums cast back to f32), which run
-//!    in order before the optimizer's work.
+//! `attach` moves each parameter chunk's gradient into a bucket: one Vulkan buffer exported
+//! as an opaque fd (`vulkan_export`), imported into the CUDA device of the same UUID; the
+//! first bucket has one more element, for the step's loss. The backward writes the gradients
+//! there as anywhere else. A step's `average`:
+//! 1. records a copy of the loss into its slot and waits for this rank's step so far (a
+//!    fence: `Device::sync`);
+//! 2. starts NCCL's allreduce of every bucket (f32, `ncclAvg`: the gradients as the backward
+//!    made them, f32 under --amp as without) on a CUDA stream, and records the copy of the
+//!    mean loss back; the caller then records the optimizer, held (`Device::hold_submits`);
+//! 3. `finish` waits for the stream, polling it against `DistOptions::timeout` (a rank that
+//!    died ends the job: the communicator is aborted, then MPI's), and lets the optimizer go.
 //!
 //! NCCL gives every rank the same bits (each element is reduced on one rank, then copied), so
-//! the ranks' weights stay identical. The fences stand where semaphores could: the wait for
-//! the backward is the host's anyway (the step's loss scale decision reads it), and the
-//! copies take under a millisecond at the shapes measured (docs/DISTRIBUTED.md).
+//! the ranks' weights stay identical. Nothing is copied but the loss; the fences stand where
+//! semaphores could, the wait for the backward being one the step makes anyway.
 
 use std::ffi::CStr;
 use std::rc::Rc;
@@ -25,10 +25,10 @@ use std::time::{Duration, Instant};
 use cudarc::driver::sys as cu;
 use cudarc::nccl::sys as nc;
 
-use super::vulkan_export::{self, ExportedBuffer};
+use super::vulkan_export;
 use super::{error, Collective, Reduction};
 use crate::error::{Error, Result};
-use crate::graph::{DType, Device, Tensor};
+use crate::graph::{DType, Device, Layout, Tensor};
 use crate::nn::Parameters;
 
 /// PCI vendor id of NVIDIA.
@@ -97,13 +97,12 @@ fn nccl(what: &str, r: nc::ncclResult_t) -> std::result::Result<(), String> {
     Err(format!("{what} failed: {}", text.to_string_lossy()))
 }
 
-/// The gradient bucket: the exported Vulkan buffer and where CUDA maps it.
+/// One chunk's gradients in exported memory: the tensor over it (the chunk's gradient and,
+/// in the first, the loss's slot after it) and where CUDA maps it.
 struct Bucket {
-    buffer: ExportedBuffer,
+    tensor: Tensor,
     memory: cu::CUexternalMemory,
     pointer: cu::CUdeviceptr,
-    /// Bytes of gradients (the loss's 4 follow).
-    grad_bytes: u64,
 }
 
 /// NCCL's allreduce over a bucket of device memory (module docs).
@@ -114,19 +113,18 @@ pub struct NcclReduction {
     cu_device: cu::CUdevice,
     stream: cu::CUstream,
     comm: nc::ncclComm_t,
-    bucket: Option<Bucket>,
+    /// One a parameter chunk, made by `attach`.
+    buckets: Vec<Bucket>,
     /// When the allreduce `finish` waits for was started.
     started: Option<Instant>,
-    /// f16 on the wire (a mixed-precision run), else f32.
-    half: bool,
     timeout: Duration,
     last: Duration,
 }
 
 impl NcclReduction {
     /// NCCL's communicator over `collective`'s ranks (rank 0's identifier broadcast through
-    /// it), on the CUDA device that is `device`'s GPU. f16 on the wire where `half`.
-    pub fn new(collective: Rc<dyn Collective>, device: &Device, half: bool) -> Result<Self> {
+    /// it), on the CUDA device that is `device`'s GPU.
+    pub fn new(collective: Rc<dyn Collective>, device: &Device) -> Result<Self> {
         let c = collective.as_ref();
         if let Some(why) = unavailable(device) {
             return Err(error(c, format!("--reduce nccl: {why}")));
@@ -160,40 +158,28 @@ impl NcclReduction {
             cu_device,
             stream,
             comm,
-            bucket: None,
+            buckets: Vec::new(),
             started: None,
-            half,
             last: Duration::ZERO,
         })
     }
 
-    /// Makes the bucket (or remakes it) to hold `grad_bytes` and the loss.
-    fn ensure_bucket(&mut self, grad_bytes: u64) -> Result<()> {
-        if self
-            .bucket
-            .as_ref()
-            .is_some_and(|b| b.grad_bytes == grad_bytes)
-        {
-            return Ok(());
-        }
-        if let Some(old) = self.bucket.take() {
-            // SAFETY: the stream is idle (every `average` waits for it).
-            unsafe { release(old) };
-        }
+    /// A zeroed bucket of `elems` f32 in exported memory, mapped into CUDA.
+    fn bucket(&self, elems: usize) -> Result<Bucket> {
         let c = self.collective.as_ref();
-        let size = grad_bytes + 4;
-        let buffer = vulkan_export::export_buffer(&self.device, size)?;
+        let size = elems as u64 * 4;
+        let exported = vulkan_export::export_buffer(&self.device, size)?;
         let desc = cu::CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
             type_: cu::CUexternalMemoryHandleType::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-            handle: cu::CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1 { fd: buffer.fd },
-            size: buffer.allocation_size,
+            handle: cu::CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1 { fd: exported.fd },
+            size: exported.allocation_size,
             // A dedicated allocation (`export_buffer`).
             flags: 1,
             reserved: [0; 16],
         };
         let mut memory: cu::CUexternalMemory = std::ptr::null_mut();
         // SAFETY: the fd is an opaque-fd export of `allocation_size` bytes; on success CUDA
-        // owns the fd. The context is current on this thread.
+        // owns the fd. The context is made current on this thread first.
         cuda("cuImportExternalMemory", unsafe {
             cu::cuCtxSetCurrent(self.context);
             cu::cuImportExternalMemory(&mut memory, &desc)
@@ -207,17 +193,22 @@ impl NcclReduction {
         };
         let mut pointer: cu::CUdeviceptr = 0;
         // SAFETY: maps the first `size` bytes of the imported allocation.
-        cuda("cuExternalMemoryGetMappedBuffer", unsafe {
+        let mapped = cuda("cuExternalMemoryGetMappedBuffer", unsafe {
             cu::cuExternalMemoryGetMappedBuffer(&mut pointer, memory, &map)
-        })
-        .map_err(|e| error(c, e))?;
-        self.bucket = Some(Bucket {
-            buffer,
+        });
+        if let Err(e) = mapped {
+            // SAFETY: imported above, not mapped.
+            unsafe { cu::cuDestroyExternalMemory(memory) };
+            return Err(error(c, e));
+        }
+        let storage = self.device.wrap_external(exported.buffer)?;
+        let tensor = Tensor::from_parts(storage, Layout::contiguous(&[elems]), DType::F32);
+        tensor.fill_(0.0)?;
+        Ok(Bucket {
+            tensor,
             memory,
             pointer,
-            grad_bytes,
-        });
-        Ok(())
+        })
     }
 
     /// Polls the stream until its work is done, or aborts the job naming the wait once the
@@ -290,7 +281,8 @@ fn cuda_context(
     }
 }
 
-/// Unmaps and releases a bucket's CUDA side; wgpu frees its memory when the buffer drops.
+/// Unmaps and releases a bucket's CUDA side; wgpu frees its memory once the last tensor
+/// over it is dropped.
 ///
 /// # Safety
 /// No CUDA work may still use it.
@@ -299,20 +291,29 @@ unsafe fn release(bucket: Bucket) {
         cu::cuMemFree_v2(bucket.pointer);
         cu::cuDestroyExternalMemory(bucket.memory);
     }
-    drop(bucket.buffer);
 }
 
 impl Reduction for NcclReduction {
     fn describe(&self) -> String {
-        format!(
-            "NCCL allreduce in device memory (a Vulkan buffer CUDA maps), {}",
-            if self.half { "f16" } else { "f32" }
-        )
+        "NCCL allreduce of the f32 gradients in device memory (Vulkan buffers CUDA maps)".into()
+    }
+
+    fn attach(&mut self, params: &mut Parameters) -> Result<()> {
+        for c in 0..params.chunks.len() {
+            let numel = params.chunks[c].numel;
+            // The first bucket's element after the gradients is the loss's (one allreduce);
+            // the chunk's length is a multiple of 4, so the next 4 keep 16-byte alignment.
+            let bucket = self.bucket(numel + if c == 0 { 4 } else { 0 })?;
+            let grad = bucket.tensor.with_layout(Layout::contiguous(&[numel]));
+            self.buckets.push(bucket);
+            params.move_grad(c, grad)?;
+        }
+        Ok(())
     }
 
     fn average(&mut self, params: &Parameters, loss: &Tensor) -> Result<Tensor> {
         let dev = params.device().clone();
-        let world = self.collective.world_size();
+        let c = self.collective.as_ref();
         if loss.dtype() != DType::F32 || loss.numel() != 1 {
             return Err(Error::InvalidArgument {
                 op: "Reduction::average",
@@ -323,83 +324,43 @@ impl Reduction for NcclReduction {
                 ),
             });
         }
+        if self.buckets.len() != params.chunks.len() {
+            return Err(error(
+                c,
+                "NCCL's buckets were not attached to these parameters",
+            ));
+        }
         // Unwritten gradients hold stale values: zeroed so none travels (`HostReduction`).
         params.zero_unwritten_grads()?;
-        let half = self.half && params.chunks.iter().all(|ch| ch.numel % 2 == 0);
-        let elem = if half { 2 } else { 4 };
-        let grad_bytes: u64 = params
-            .chunks
-            .iter()
-            .map(|ch| (ch.numel * elem) as u64)
-            .sum();
-        // Under f16, each chunk divided by the world size and cast (the wire's sum is then
-        // the mean, and cannot overflow where the mean would not).
-        let staged: Vec<Tensor> = if half {
-            let inv = 1.0 / world as f32;
-            params
-                .chunks
-                .iter()
-                .map(|ch| ch.grad.mul_scalar(inv)?.to_dtype(DType::F16))
-                .collect::<Result<_>>()?
-        } else {
-            params.chunks.iter().map(|ch| ch.grad.clone()).collect()
-        };
-        self.ensure_bucket(grad_bytes)?;
-        let bucket = self.bucket.as_ref().expect("just made");
-        let (buffer, pointer) = (&bucket.buffer.buffer, bucket.pointer);
-        let mut at = 0;
-        for (ch, t) in params.chunks.iter().zip(&staged) {
-            let bytes = (ch.numel * elem) as u64;
-            dev.copy_to_external((t.storage(), 0), (buffer, at), bytes)?;
-            at += bytes;
-        }
+        let loss_slot = params.chunks[0].numel as u64 * 4;
+        let first = self.buckets[0].tensor.storage();
         let loss_at = loss.layout().offset as u64 * 4;
-        dev.copy_to_external((loss.storage(), loss_at), (buffer, at), 4)?;
-        // One wait for the backward and the copies: then CUDA may read the bucket.
+        dev.copy_storage_at((loss.storage(), loss_at), (first, loss_slot), 4)?;
+        // The backward and the copy done: CUDA may read the buckets.
         dev.sync()?;
         let _span = tracing::info_span!("gradient reduction").entered();
-        let c = self.collective.as_ref();
-        let count = (grad_bytes / elem as u64) as usize;
-        let (dtype, op) = if half {
-            (nc::ncclDataType_t::ncclFloat16, nc::ncclRedOp_t::ncclSum)
-        } else {
-            (nc::ncclDataType_t::ncclFloat32, nc::ncclRedOp_t::ncclAvg)
-        };
         let stream = self.stream as nc::cudaStream_t;
         self.started = Some(Instant::now());
-        // SAFETY: the bucket is mapped at `pointer` for `grad_bytes + 4` bytes; the Vulkan
-        // copies into it have finished (the sync above); every rank makes the same calls.
+        // SAFETY: each bucket is mapped at its pointer for its tensor's length; the Vulkan
+        // work writing them has finished (the sync above); every rank makes the same calls.
         unsafe {
             cuda("cuCtxSetCurrent", cu::cuCtxSetCurrent(self.context)).map_err(|e| error(c, e))?;
-            let p = pointer as *mut std::ffi::c_void;
-            nccl(
-                "ncclAllReduce (gradients)",
-                nc::ncclAllReduce(p, p, count, dtype, op, self.comm, stream),
-            )
-            .map_err(|e| error(c, e))?;
-            let l = (pointer + grad_bytes) as *mut std::ffi::c_void;
-            let f32 = nc::ncclDataType_t::ncclFloat32;
-            let avg = nc::ncclRedOp_t::ncclAvg;
-            nccl(
-                "ncclAllReduce (loss)",
-                nc::ncclAllReduce(l, l, 1, f32, avg, self.comm, stream),
-            )
-            .map_err(|e| error(c, e))?;
-        }
-        // While NCCL runs: the copies back (and the f16 means cast back to f32 in place), then
-        // whatever the caller records, held until `finish` has waited for the stream.
-        dev.hold_submits("NCCL's allreduce writes the gradient bucket");
-        let mut at = 0;
-        for (ch, t) in params.chunks.iter().zip(&staged) {
-            let bytes = (ch.numel * elem) as u64;
-            dev.copy_from_external((buffer, at), (t.storage(), 0), bytes)?;
-            if half {
-                t.cast_into(&ch.grad)?;
+            for (i, b) in self.buckets.iter().enumerate() {
+                // The loss's slot travels with the first bucket's gradients.
+                let count = params.chunks[i].numel + usize::from(i == 0);
+                let p = b.pointer as *mut std::ffi::c_void;
+                let (f32, avg) = (nc::ncclDataType_t::ncclFloat32, nc::ncclRedOp_t::ncclAvg);
+                nccl(
+                    "ncclAllReduce",
+                    nc::ncclAllReduce(p, p, count, f32, avg, self.comm, stream),
+                )
+                .map_err(|e| error(c, e))?;
             }
-            at += bytes;
         }
+        // Recorded while NCCL runs, submitted once `finish` has waited for it.
+        dev.hold_submits("NCCL's allreduce writes the gradient buckets");
         let mean_loss = Tensor::zeros(&dev, &[])?;
-        dev.copy_from_external((buffer, at), (mean_loss.storage(), 0), 4)?;
+        dev.copy_storage_at((first, loss_slot), (mean_loss.storage(), 0), 4)?;
         Ok(mean_loss)
     }
 
@@ -426,7 +387,7 @@ impl Drop for NcclReduction {
             cu::cuCtxSetCurrent(self.context);
             cu::cuStreamSynchronize(self.stream);
             nc::ncclCommDestroy(self.comm);
-            if let Some(bucket) = self.bucket.take() {
+            for bucket in self.buckets.drain(..) {
                 release(bucket);
             }
             cu::cuStreamDestroy_v2(self.stream);

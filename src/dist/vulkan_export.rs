@@ -1,18 +1,18 @@
 //! A Vulkan buffer whose memory another API can map: made through wgpu-hal's Vulkan device
 //! with `VK_KHR_external_memory_fd` (one dedicated device-local allocation, exported as an
-//! opaque file descriptor), handed to wgpu as a buffer it copies to and from like any other.
-//! NCCL's reduction imports the descriptor into CUDA (`nccl::Bucket`).
+//! opaque file descriptor), handed to wgpu as a buffer its kernels bind like any other.
+//! NCCL's reduction keeps a chunk's gradients there and imports the descriptor into CUDA.
 
 use ash::vk;
 use wgpu::hal::api::Vulkan;
 
 use crate::error::{Error, Result};
-use crate::graph::{Device, ExternalBuffer};
+use crate::graph::Device;
 
 /// The exported buffer: wgpu's handle (the memory is freed with it) and the descriptor CUDA
 /// imports.
 pub struct ExportedBuffer {
-    pub buffer: ExternalBuffer,
+    pub buffer: wgpu::Buffer,
     /// An opaque file descriptor of the memory (owned: CUDA's import takes it).
     pub fd: i32,
     /// Bytes of the allocation (at least the buffer's).
@@ -47,8 +47,8 @@ pub fn can_export(device: &Device) -> bool {
     })
 }
 
-/// A device-local buffer of `size` bytes (COPY_SRC and COPY_DST) on `device`, its memory
-/// exported as an opaque file descriptor.
+/// A device-local buffer of `size` bytes (STORAGE, COPY_SRC and COPY_DST) on `device`, its
+/// memory exported as an opaque file descriptor.
 pub fn export_buffer(device: &Device, size: u64) -> Result<ExportedBuffer> {
     if !can_export(device) {
         return Err(Error::Device(format!(
@@ -138,13 +138,15 @@ pub fn export_buffer(device: &Device, size: u64) -> Result<ExportedBuffer> {
     let desc = wgpu::BufferDescriptor {
         label: Some("wgrad:gradient_bucket"),
         size,
-        usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     };
     // SAFETY: made on this device, with the usages `desc` names and the size it says.
     let buffer = unsafe { wgpu_device.create_buffer_from_hal::<Vulkan>(hal_buffer, &desc) };
     Ok(ExportedBuffer {
-        buffer: ExternalBuffer::new(buffer),
+        buffer,
         fd,
         allocation_size: needs.size,
     })

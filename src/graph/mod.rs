@@ -9,9 +9,7 @@ mod tensor;
 mod timing;
 
 pub use crate::config::WaitMode;
-pub use device::{
-    Device, ExternalBuffer, Storage, TableSource, DEFAULT_FLUSH_BOUND, SPLIT_TICKETS,
-};
+pub use device::{Device, Storage, TableSource, DEFAULT_FLUSH_BOUND, SPLIT_TICKETS};
 pub use layout::{
     broadcast_shape, coalesce_joint, contiguous_strides, resolve_dim, Layout, MAX_RANK,
 };

@@ -404,6 +404,36 @@ impl Parameters {
         })
     }
 
+    /// Moves chunk `c`'s gradient into `grad` (f32, contiguous, the chunk's length, on this
+    /// device: a data-parallel run's exported bucket, `dist::nccl`). Every parameter of the
+    /// chunk writes its gradient there from now on; all of them are marked zero.
+    pub(crate) fn move_grad(&mut self, c: usize, grad: Tensor) -> Result<()> {
+        let numel = self.chunks.get(c).map(|ch| ch.numel);
+        if numel != Some(grad.numel())
+            || grad.dtype() != DType::F32
+            || !grad.is_contiguous()
+            || grad.rank() != 1
+        {
+            return Err(Error::InvalidArgument {
+                op: "Parameters::move_grad",
+                reason: format!(
+                    "chunk {c} of {} needs a contiguous f32 gradient of {numel:?} elements, got \
+                     {:?} {:?}",
+                    self.chunks.len(),
+                    grad.dtype(),
+                    grad.shape()
+                ),
+            });
+        }
+        for p in self.params.iter().filter(|p| p.chunk == c) {
+            let numel = p.tensor.numel();
+            let view = grad.narrow(0, p.offset, numel)?.reshape(p.tensor.shape())?;
+            p.tensor.set_grad_buffer(view);
+        }
+        self.chunks[c].grad = grad;
+        Ok(())
+    }
+
     /// Marks every gradient zero (no dispatch: the next backward overwrites).
     pub fn zero_grad(&self) {
         for p in &self.params {

@@ -27,7 +27,7 @@ impl TrainSession {
             self.options.seed,
         )?;
         self.sampler.set_position(position)?;
-        self.trainer.set_collective(collective, reduction);
+        self.trainer.set_collective(collective, reduction)?;
         Ok(())
     }
 

@@ -30,7 +30,6 @@ use crate::kernels::tuning::{ProductKey, TileChoice, TileTable};
 use crate::kernels::{grid, PipelineCache};
 use crate::memory::{BufferPool, GpuArena, PooledBuffer, Reuse};
 
-pub use record::ExternalBuffer;
 pub use tiles::TableSource;
 
 /// Dispatches past which an open Segment is flushed on its own (bounds the parameter arena
@@ -123,6 +122,9 @@ struct State {
 /// A pooled GPU buffer owned by one or more tensors; back to the pool when the last drops.
 pub struct Storage {
     buf: Option<PooledBuffer>,
+    /// Whether `buf` goes back to the pool when dropped (not a buffer `wrap_external` wrapped,
+    /// whose memory another API shares).
+    pooled: bool,
     device: Device,
     /// Bytes asked for (the buffer may be larger: its size class).
     pub bytes: u64,
@@ -160,6 +162,11 @@ impl Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         if let Some(buf) = self.buf.take() {
+            if !self.pooled {
+                // wgpu frees it once the GPU is done with it.
+                self.device.state().bind_groups.forget(&[buf.id]);
+                return;
+            }
             // The queue runs recorded work in order, so work recorded after this point may
             // reuse the buffer even though earlier recorded work still reads it.
             self.device.state().pool.release(buf);
@@ -345,6 +352,36 @@ impl Device {
         drop(s);
         Ok(Arc::new(Storage {
             buf: Some(buf?),
+            pooled: true,
+            device: self.clone(),
+            bytes,
+        }))
+    }
+
+    /// Tensor storage over `buffer`, a buffer of this device made outside the pool (with
+    /// STORAGE, COPY_SRC and COPY_DST usages): a data-parallel run's gradient bucket, whose
+    /// memory NCCL also reads and writes. Dropped, it is not pooled.
+    pub fn wrap_external(&self, buffer: wgpu::Buffer) -> Result<Arc<Storage>> {
+        let wanted = wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST;
+        if !buffer.usage().contains(wanted) {
+            return Err(Error::InvalidArgument {
+                op: "wrap_external",
+                reason: format!(
+                    "the buffer's usages {:?} lack some of {wanted:?}",
+                    buffer.usage()
+                ),
+            });
+        }
+        let bytes = buffer.size();
+        Ok(Arc::new(Storage {
+            buf: Some(PooledBuffer {
+                id: crate::memory::next_buffer_id(),
+                size: bytes,
+                buffer,
+            }),
+            pooled: false,
             device: self.clone(),
             bytes,
         }))

@@ -123,32 +123,28 @@ impl Device {
         self.record_copy((src.buffer_ref(), 0), (dst.buffer_ref(), 0), bytes);
     }
 
-    /// Records a copy of `bytes` from `src` at byte `src_offset` into the external buffer
-    /// `dst` at `dst_offset` (a data-parallel run's gradient bucket).
-    pub fn copy_to_external(
+    /// Records a copy of `bytes` from `src` at byte `src_offset` into `dst` at `dst_offset`
+    /// (the loss into a data-parallel run's gradient bucket, and back).
+    pub fn copy_storage_at(
         &self,
         (src, src_offset): (&Storage, u64),
-        (dst, dst_offset): (&ExternalBuffer, u64),
-        bytes: u64,
-    ) -> Result<()> {
-        check_copy(src_offset, src.bytes, dst_offset, dst.size, bytes)?;
-        self.record_copy(
-            (src.buffer_ref(), src_offset),
-            (dst.buffer_ref(), dst_offset),
-            bytes,
-        );
-        Ok(())
-    }
-
-    /// Records a copy of `bytes` from the external buffer `src` at byte `src_offset` into
-    /// `dst` at `dst_offset`.
-    pub fn copy_from_external(
-        &self,
-        (src, src_offset): (&ExternalBuffer, u64),
         (dst, dst_offset): (&Storage, u64),
         bytes: u64,
     ) -> Result<()> {
-        check_copy(src_offset, src.size, dst_offset, dst.bytes, bytes)?;
+        let align = wgpu::COPY_BUFFER_ALIGNMENT;
+        if (src_offset | dst_offset | bytes) % align != 0
+            || src_offset + bytes > src.bytes
+            || dst_offset + bytes > dst.bytes
+        {
+            return Err(Error::InvalidArgument {
+                op: "copy_storage_at",
+                reason: format!(
+                    "{bytes} bytes from {src_offset} of {} to {dst_offset} of {}: outside a \
+                     buffer or not {align}-byte aligned",
+                    src.bytes, dst.bytes
+                ),
+            });
+        }
         self.record_copy(
             (src.buffer_ref(), src_offset),
             (dst.buffer_ref(), dst_offset),
@@ -169,55 +165,4 @@ impl Device {
             size,
         });
     }
-}
-
-/// A GPU buffer made outside the pool (a data-parallel run's gradient bucket, whose memory a
-/// collective library also maps): copies between it and tensors are recorded in order with
-/// the rest of the work (`Device::copy_to_external`, `copy_from_external`).
-pub struct ExternalBuffer {
-    buffer: BufferRef,
-    /// Bytes.
-    pub size: u64,
-}
-
-impl ExternalBuffer {
-    /// `buffer` must allow COPY_SRC and COPY_DST and belong to the device it is copied on.
-    pub fn new(buffer: wgpu::Buffer) -> ExternalBuffer {
-        ExternalBuffer {
-            size: buffer.size(),
-            buffer: BufferRef {
-                id: crate::memory::next_buffer_id(),
-                buffer,
-            },
-        }
-    }
-
-    fn buffer_ref(&self) -> BufferRef {
-        self.buffer.clone()
-    }
-}
-
-/// An error unless a copy of `bytes` at `src_offset` of `src_size` into `dst_offset` of
-/// `dst_size` lies inside both and is 4-byte aligned.
-fn check_copy(
-    src_offset: u64,
-    src_size: u64,
-    dst_offset: u64,
-    dst_size: u64,
-    bytes: u64,
-) -> Result<()> {
-    let align = wgpu::COPY_BUFFER_ALIGNMENT;
-    if (src_offset | dst_offset | bytes) % align != 0
-        || src_offset + bytes > src_size
-        || dst_offset + bytes > dst_size
-    {
-        return Err(Error::InvalidArgument {
-            op: "copy_external",
-            reason: format!(
-                "{bytes} bytes from {src_offset} of {src_size} to {dst_offset} of {dst_size}: \
-                 outside a buffer or not {align}-byte aligned"
-            ),
-        });
-    }
-    Ok(())
 }
