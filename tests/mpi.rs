@@ -5,6 +5,8 @@
 //!   within f32 reduction-order tolerance), and their weights are the same bits (each rank
 //!   prints its fingerprint; the run itself checks at every save);
 //! - rank 0 alone saves, and the checkpoint records the world size;
+//! - a 2-rank run saved and resumed under 2 ranks continues its loss sequence, here over
+//!   MPI's TCP transport (what ranks on several hosts use; shared memory left out);
 //! - a rank killed mid-run ends the job with an error, and a rank that hangs makes the others
 //!   end it after `WGRAD_DIST_TIMEOUT_S`, not wait for ever.
 
@@ -134,6 +136,51 @@ fn two_ranks_of_batch_b_train_as_one_process_of_batch_2b() {
         "{}",
         text(&alone.stderr)
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_two_rank_run_resumes_where_it_stopped_over_tcp() {
+    let dir = std::env::temp_dir().join(format!("wgrad-mpi-resume-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out_dir = dir.join("run");
+    let out_arg = out_dir.to_str().expect("a UTF-8 temp path");
+    // Open MPI's TCP transport alone, as between hosts (MPICH ignores these variables).
+    let tcp = |cmd: &mut Command| {
+        cmd.env("OMPI_MCA_btl", "tcp,self")
+            .env("OMPI_MCA_pml", "ob1");
+    };
+    let mut straight = mpirun(2, &TRAIN);
+    straight.args(["--batch", "2", "--steps", "4"]);
+    tcp(&mut straight);
+    let straight = straight.output().expect("mpirun runs");
+    check(&straight, "4 steps on 2 ranks");
+    let mut first = mpirun(2, &TRAIN);
+    first.args(["--batch", "2", "--steps", "2", "--out", out_arg]);
+    tcp(&mut first);
+    let first = first.output().expect("mpirun runs");
+    check(&first, "2 steps on 2 ranks, saved");
+    let mut rest = mpirun(2, &["train", "--json", "--resume", out_arg, "--steps", "4"]);
+    tcp(&mut rest);
+    let rest = rest.output().expect("mpirun runs");
+    check(&rest, "resumed on 2 ranks to step 4");
+
+    let want = losses(&straight);
+    let got: Vec<f64> = losses(&first).into_iter().chain(losses(&rest)).collect();
+    assert_eq!(want.len(), 4, "{}", text(&straight.stdout));
+    assert_eq!(
+        got.len(),
+        4,
+        "{}\n{}",
+        text(&first.stdout),
+        text(&rest.stdout)
+    );
+    for (step, (x, y)) in want.iter().zip(&got).enumerate() {
+        // The same ranks summing in the same order, the optimizer's state restored: the same
+        // losses but for the last bits of a reloaded loss scale or moment.
+        let rel = (x - y).abs() / x.abs();
+        assert!(rel < 1e-6, "step {}: {x} straight, {y} resumed", step + 1);
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

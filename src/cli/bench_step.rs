@@ -3,18 +3,16 @@
 //! step, step-0 (cold) time. Prints a table, or `--json`.
 
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::Instant;
 
 use serde::Serialize;
-use wgrad::dist::{Collective, Reduction};
 use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::tune;
 use wgrad::{Device, Error, Options, Result};
 
-use super::dist::{abort_others_on_error, ReduceArg};
+use super::dist::{abort_others_on_error, Joined, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -162,11 +160,7 @@ fn median_of(v: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn bench(
-    args: &Args,
-    dev: &Device,
-    world: Option<(Rc<dyn Collective>, Box<dyn Reduction>)>,
-) -> Result<()> {
+fn bench(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {
     let dev = dev.clone();
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;

@@ -28,13 +28,12 @@ impl From<ReduceArg> for ReduceChoice {
     }
 }
 
+/// A rank's world and how it averages gradients.
+pub type Joined = (Rc<dyn Collective>, Box<dyn Reduction>);
+
 /// The ranks an MPI launcher started and the reduction `reduce` asks for on `dev`, if a
 /// launcher started several (None: a run of one process).
-pub fn join(
-    options: &Options,
-    dev: &Device,
-    reduce: ReduceArg,
-) -> Result<Option<(Rc<dyn Collective>, Box<dyn Reduction>)>> {
+pub fn join(options: &Options, dev: &Device, reduce: ReduceArg) -> Result<Option<Joined>> {
     let Some(world) = wgrad::dist::launch(options)? else {
         return Ok(None);
     };

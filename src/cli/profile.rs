@@ -11,7 +11,7 @@ use wgrad::profile::{chrome_trace, Profiler};
 use wgrad::train::Trainer;
 use wgrad::{Device, Error, Options, Result};
 
-use super::dist::{abort_others_on_error, ReduceArg};
+use super::dist::{abort_others_on_error, Joined, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -66,14 +66,7 @@ pub fn run(args: &Args) -> Result<()> {
     abort_others_on_error(collective.as_ref(), profile(args, &dev, world))
 }
 
-fn profile(
-    args: &Args,
-    dev: &Device,
-    world: Option<(
-        std::rc::Rc<dyn wgrad::dist::Collective>,
-        Box<dyn wgrad::dist::Reduction>,
-    )>,
-) -> Result<()> {
+fn profile(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {
     let dev = dev.clone();
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;

@@ -192,3 +192,61 @@ fn a_rank_takes_its_rows_of_the_global_batch() -> Result<()> {
     assert!(e.to_string().contains("rank 2"), "{e}");
     Ok(())
 }
+
+/// What NCCL's reduction does with the gradients (`Reduction::attach`), on a buffer made
+/// outside the pool as the exported one is: the backward writes every parameter's gradient
+/// into it, and the loss's slot after them takes a copy at a byte offset.
+#[test]
+fn gradients_moved_into_an_external_buffer_are_written_there() -> Result<()> {
+    use crate::graph::{DType, Layout};
+
+    let dev = Device::new()?;
+    let mut p = params(&dev)?;
+    let numel = p.chunks[0].numel;
+    let buffer = dev.gpu().device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("test:bucket"),
+        size: (numel as u64 + 4) * 4,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bucket = Tensor::from_parts(
+        dev.wrap_external(buffer)?,
+        Layout::contiguous(&[numel + 4]),
+        DType::F32,
+    );
+    bucket.fill_(-1.0)?;
+    p.move_grad(0, bucket.with_layout(Layout::contiguous(&[numel])))?;
+    // A gradient of another length is refused, naming the chunk.
+    let short = Tensor::zeros(&dev, &[numel - 4])?;
+    let e = p.move_grad(0, short).expect_err("too short");
+    assert!(e.to_string().contains("chunk 0"), "{e}");
+
+    let w = p.get("w").expect("w").clone();
+    let b = p.get("b").expect("b").clone();
+    let c: Vec<f32> = (0..12).map(|i| 1.0 + i as f32).collect();
+    let d = [0.25f32, -0.5, 0.75, -1.0];
+    let ct = Tensor::from_slice(&dev, &c, &[3, 4])?;
+    let dt = Tensor::from_slice(&dev, &d, &[4])?;
+    let loss = w.mul(&ct)?.sum_all()?.add(&b.mul(&dt)?.sum_all()?)?;
+    loss.backward()?;
+    dev.copy_storage_at((loss.storage(), 0), (bucket.storage(), numel as u64 * 4), 4)?;
+    let all = bucket.to_vec()?;
+    assert_eq!(p.read_grad("w")?.expect("w's gradient"), c);
+    assert_eq!(p.read_grad("b")?.expect("b's gradient"), d);
+    // w first (decayed), then b, then padding, then the loss's slot.
+    assert_eq!(&all[..12], &c[..]);
+    assert_eq!(&all[12..16], &d[..]);
+    assert_eq!(all[numel], loss.to_vec()?[0]);
+    // A copy past the buffer is an error, not a write elsewhere.
+    let e = dev
+        .copy_storage_at(
+            (loss.storage(), 0),
+            (bucket.storage(), (numel as u64 + 4) * 4),
+            4,
+        )
+        .expect_err("past the end");
+    assert!(e.to_string().contains("outside"), "{e}");
+    Ok(())
+}

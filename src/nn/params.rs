@@ -407,7 +407,7 @@ impl Parameters {
     /// Moves chunk `c`'s gradient into `grad` (f32, contiguous, the chunk's length, on this
     /// device: a data-parallel run's exported bucket, `dist::nccl`). Every parameter of the
     /// chunk writes its gradient there from now on; all of them are marked zero.
-    pub(crate) fn move_grad(&mut self, c: usize, grad: Tensor) -> Result<()> {
+    pub fn move_grad(&mut self, c: usize, grad: Tensor) -> Result<()> {
         let numel = self.chunks.get(c).map(|ch| ch.numel);
         if numel != Some(grad.numel())
             || grad.dtype() != DType::F32

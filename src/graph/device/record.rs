@@ -132,7 +132,7 @@ impl Device {
         bytes: u64,
     ) -> Result<()> {
         let align = wgpu::COPY_BUFFER_ALIGNMENT;
-        if (src_offset | dst_offset | bytes) % align != 0
+        if !(src_offset | dst_offset | bytes).is_multiple_of(align)
             || src_offset + bytes > src.bytes
             || dst_offset + bytes > dst.bytes
         {
