@@ -152,16 +152,21 @@ impl Trainer {
             }
             None => None,
         };
-        {
+        let updated = {
             let _span = tracing::info_span!("optimizer").entered();
             let lr = self.schedule.lr_at(self.step, self.lr);
-            self.opt.step(&self.model.params, lr)?;
-        }
-        if let Some((_, reduction)) = &mut self.collective {
-            // The update was recorded while the ranks' allreduce ran; it is submitted now.
-            reduction.finish()?;
-        }
+            self.opt.step(&self.model.params, lr)
+        };
+        let finished = match &mut self.collective {
+            // The update was recorded while the ranks' allreduce ran; it is submitted now
+            // (and the allreduce waited for even when recording the update failed, so that
+            // the device is not left holding its submits).
+            Some((_, reduction)) => reduction.finish(),
+            None => Ok(()),
+        };
         dev.set_phase(Phase::Forward);
+        updated?;
+        finished?;
         self.step += 1;
         match reduced {
             Some(reduced) => Ok(reduced),

@@ -10,9 +10,9 @@ use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::tune;
-use wgrad::{Device, Error, Options, Result};
+use wgrad::{Device, Error, Result};
 
-use super::dist::{abort_others_on_error, Joined, ReduceArg};
+use super::dist::{with_ranks, Joined, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -147,11 +147,7 @@ fn pool_bytes(dev: &Device) -> u64 {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let options = Options::from_env()?;
-    let dev = Device::with_options(&options)?;
-    let world = super::dist::join(&options, &dev, args.reduce)?;
-    let collective = world.as_ref().map(|(c, _)| c.clone());
-    abort_others_on_error(collective.as_ref(), bench(args, &dev, world))
+    with_ranks(args.reduce, |dev, world| bench(args, dev, world))
 }
 
 fn median_of(v: &[f64]) -> f64 {

@@ -9,9 +9,9 @@ use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::profile::{chrome_trace, Profiler};
 use wgrad::train::Trainer;
-use wgrad::{Device, Error, Options, Result};
+use wgrad::{Device, Error, Result};
 
-use super::dist::{abort_others_on_error, Joined, ReduceArg};
+use super::dist::{with_ranks, Joined, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -59,11 +59,7 @@ fn write(path: &PathBuf, value: &serde_json::Value) -> Result<()> {
 }
 
 pub fn run(args: &Args) -> Result<()> {
-    let options = Options::from_env()?;
-    let dev = Device::with_options(&options)?;
-    let world = super::dist::join(&options, &dev, args.reduce)?;
-    let collective = world.as_ref().map(|(c, _)| c.clone());
-    abort_others_on_error(collective.as_ref(), profile(args, &dev, world))
+    with_ranks(args.reduce, |dev, world| profile(args, dev, world))
 }
 
 fn profile(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {

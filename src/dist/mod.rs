@@ -196,27 +196,35 @@ pub fn launch(options: &Options) -> Result<Option<Rc<dyn Collective>>> {
 }
 
 /// The reduction `choice` asks for over `world`, on `device`'s adapter. Every rank must ask
-/// for the same (`Auto` decides the same on ranks with the same kind of adapter).
+/// for the same; the ranks agree whether NCCL can run (on every rank, one GPU each) before
+/// `Auto` takes it.
 pub fn reduction(
     choice: ReduceChoice,
     world: &Rc<dyn Collective>,
     device: &Device,
 ) -> Result<Box<dyn Reduction>> {
-    let _ = device;
-    match choice {
-        ReduceChoice::Host => Ok(Box::new(HostReduction::new(world.clone()))),
-        #[cfg(feature = "nccl")]
-        ReduceChoice::Nccl => Ok(Box::new(nccl::NcclReduction::new(world.clone(), device)?)),
-        #[cfg(not(feature = "nccl"))]
-        ReduceChoice::Nccl => Err(error(
-            world.as_ref(),
-            "--reduce nccl: this wgrad was built without the `nccl` feature (build it with \
-             `--features nccl`)",
-        )),
-        #[cfg(feature = "nccl")]
-        ReduceChoice::Auto if nccl::applies(device) => {
-            Ok(Box::new(nccl::NcclReduction::new(world.clone(), device)?))
+    let host = || -> Result<Box<dyn Reduction>> { Ok(Box::new(HostReduction::new(world.clone()))) };
+    if choice == ReduceChoice::Host {
+        return host();
+    }
+    #[cfg(feature = "nccl")]
+    {
+        match nccl::agreed_unavailable(world.as_ref(), device)? {
+            None => Ok(Box::new(nccl::NcclReduction::new(world.clone(), device)?)),
+            Some(_) if choice == ReduceChoice::Auto => host(),
+            Some(why) => Err(error(world.as_ref(), format!("--reduce nccl: {why}"))),
         }
-        ReduceChoice::Auto => Ok(Box::new(HostReduction::new(world.clone()))),
+    }
+    #[cfg(not(feature = "nccl"))]
+    {
+        let _ = device;
+        match choice {
+            ReduceChoice::Nccl => Err(error(
+                world.as_ref(),
+                "--reduce nccl: this wgrad was built without the `nccl` feature (build it with \
+                 `--features nccl`)",
+            )),
+            _ => host(),
+        }
     }
 }

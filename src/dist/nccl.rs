@@ -19,6 +19,7 @@
 //! semaphores could, the wait for the backward being one the step makes anyway.
 
 use std::ffi::CStr;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -37,10 +38,34 @@ const NVIDIA: u32 = 0x10de;
 /// How long the host sleeps between two polls of the CUDA stream.
 const POLL_INTERVAL: Duration = Duration::from_micros(20);
 
-/// Whether NCCL can reduce on `device`: an NVIDIA adapter under Vulkan that exports memory,
-/// with libcuda and libnccl found.
-pub fn applies(device: &Device) -> bool {
-    unavailable(device).is_none()
+/// Why NCCL cannot reduce over `world` on its ranks' devices, if it cannot, agreed by every
+/// rank: a rank whose adapter is not an NVIDIA GPU under Vulkan that exports memory, or that
+/// lacks libcuda or libnccl; or two ranks on one GPU (NCCL refuses them).
+pub fn agreed_unavailable(world: &dyn Collective, device: &Device) -> Result<Option<String>> {
+    let mine = unavailable(device);
+    if world.any(mine.is_some())? {
+        return Ok(Some(
+            mine.unwrap_or_else(|| "another rank cannot run it".into()),
+        ));
+    }
+    // Every rank's GPU, by UUID: one small broadcast a rank.
+    let uuid = vulkan_export::device_uuid(device).unwrap_or_default();
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    for r in 0..world.world_size() {
+        let mut theirs = if r == world.rank() {
+            uuid.to_vec()
+        } else {
+            vec![0; 16]
+        };
+        world.broadcast_bytes(&mut theirs, r)?;
+        if let Some(first) = seen.iter().position(|u| *u == theirs) {
+            return Ok(Some(format!(
+                "ranks {first} and {r} share one GPU, and NCCL needs a GPU a rank"
+            )));
+        }
+        seen.push(theirs);
+    }
+    Ok(None)
 }
 
 /// Why NCCL cannot reduce on `device`, if it cannot.
@@ -169,22 +194,32 @@ impl NcclReduction {
         let c = self.collective.as_ref();
         let size = elems as u64 * 4;
         let exported = vulkan_export::export_buffer(&self.device, size)?;
+        // Owned until CUDA's import takes it (closed here on any error before).
+        // SAFETY: a descriptor vkGetMemoryFdKHR returned to us alone.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(exported.fd) };
         let desc = cu::CUDA_EXTERNAL_MEMORY_HANDLE_DESC {
             type_: cu::CUexternalMemoryHandleType::CU_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD,
-            handle: cu::CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1 { fd: exported.fd },
+            handle: cu::CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st__bindgen_ty_1 { fd: fd.as_raw_fd() },
             size: exported.allocation_size,
             // A dedicated allocation (`export_buffer`).
             flags: 1,
             reserved: [0; 16],
         };
         let mut memory: cu::CUexternalMemory = std::ptr::null_mut();
-        // SAFETY: the fd is an opaque-fd export of `allocation_size` bytes; on success CUDA
-        // owns the fd. The context is made current on this thread first.
-        cuda("cuImportExternalMemory", unsafe {
-            cu::cuCtxSetCurrent(self.context);
-            cu::cuImportExternalMemory(&mut memory, &desc)
-        })
-        .map_err(|e| error(c, e))?;
+        // SAFETY: the fd is an opaque-fd export of `allocation_size` bytes. The context is
+        // made current on this thread first.
+        unsafe {
+            cuda("cuCtxSetCurrent", cu::cuCtxSetCurrent(self.context))
+                .and_then(|()| {
+                    cuda(
+                        "cuImportExternalMemory",
+                        cu::cuImportExternalMemory(&mut memory, &desc),
+                    )
+                })
+                .map_err(|e| error(c, e))?;
+        }
+        // CUDA owns the descriptor now.
+        let _ = fd.into_raw_fd();
         let map = cu::CUDA_EXTERNAL_MEMORY_BUFFER_DESC {
             offset: 0,
             size,
@@ -201,9 +236,24 @@ impl NcclReduction {
             unsafe { cu::cuDestroyExternalMemory(memory) };
             return Err(error(c, e));
         }
-        let storage = self.device.wrap_external(exported.buffer)?;
-        let tensor = Tensor::from_parts(storage, Layout::contiguous(&[elems]), DType::F32);
-        tensor.fill_(0.0)?;
+        let made = self
+            .device
+            .wrap_external(exported.buffer)
+            .and_then(|storage| {
+                let tensor = Tensor::from_parts(storage, Layout::contiguous(&[elems]), DType::F32);
+                tensor.fill_(0.0).map(|()| tensor)
+            });
+        let tensor = match made {
+            Ok(t) => t,
+            Err(e) => {
+                // SAFETY: mapped and imported above, used by no CUDA work yet.
+                unsafe {
+                    cu::cuMemFree_v2(pointer);
+                    cu::cuDestroyExternalMemory(memory);
+                }
+                return Err(e);
+            }
+        };
         Ok(Bucket {
             tensor,
             memory,
@@ -336,6 +386,7 @@ impl Reduction for NcclReduction {
         let first = self.buckets[0].tensor.storage();
         let loss_at = loss.layout().offset as u64 * 4;
         dev.copy_storage_at((loss.storage(), loss_at), (first, loss_slot), 4)?;
+        let mean_loss = Tensor::zeros(&dev, &[])?;
         // The backward and the copy done: CUDA may read the buckets.
         dev.sync()?;
         let _span = tracing::info_span!("gradient reduction").entered();
@@ -345,6 +396,8 @@ impl Reduction for NcclReduction {
         // work writing them has finished (the sync above); every rank makes the same calls.
         unsafe {
             cuda("cuCtxSetCurrent", cu::cuCtxSetCurrent(self.context)).map_err(|e| error(c, e))?;
+            // One launch for all the buckets (a model past the binding limit has several).
+            nccl("ncclGroupStart", nc::ncclGroupStart()).map_err(|e| error(c, e))?;
             for (i, b) in self.buckets.iter().enumerate() {
                 // The loss's slot travels with the first bucket's gradients.
                 let count = params.chunks[i].numel + usize::from(i == 0);
@@ -356,12 +409,16 @@ impl Reduction for NcclReduction {
                 )
                 .map_err(|e| error(c, e))?;
             }
+            nccl("ncclGroupEnd", nc::ncclGroupEnd()).map_err(|e| error(c, e))?;
         }
-        // Recorded while NCCL runs, submitted once `finish` has waited for it.
+        // Recorded while NCCL runs, submitted once `finish` has waited for it (at once where
+        // the copy cannot be recorded, so that no error leaves the device held).
         dev.hold_submits("NCCL's allreduce writes the gradient buckets");
-        let mean_loss = Tensor::zeros(&dev, &[])?;
-        dev.copy_storage_at((first, loss_slot), (mean_loss.storage(), 0), 4)?;
-        Ok(mean_loss)
+        let copied = dev.copy_storage_at((first, loss_slot), (mean_loss.storage(), 0), 4);
+        if copied.is_err() {
+            self.finish()?;
+        }
+        copied.map(|()| mean_loss)
     }
 
     fn finish(&mut self) -> Result<()> {
@@ -382,11 +439,17 @@ impl Reduction for NcclReduction {
 
 impl Drop for NcclReduction {
     fn drop(&mut self) {
-        // SAFETY: every `average` waited for the stream; nothing uses these after.
+        // SAFETY: nothing uses these after; the stream is idle or its communicator aborted.
         unsafe {
             cu::cuCtxSetCurrent(self.context);
-            cu::cuStreamSynchronize(self.stream);
-            nc::ncclCommDestroy(self.comm);
+            if self.started.is_some() {
+                // An allreduce `finish` never waited for (an error on the way): NCCL may be
+                // waiting for a rank that is gone; abort the communicator, do not wait.
+                nc::ncclCommAbort(self.comm);
+            } else {
+                cu::cuStreamSynchronize(self.stream);
+                nc::ncclCommDestroy(self.comm);
+            }
             for bucket in self.buckets.drain(..) {
                 release(bucket);
             }
