@@ -77,6 +77,20 @@ fn params(dev: &Device) -> Result<Parameters> {
     )
 }
 
+/// loss = sum(w * c) + sum(b * d) over `params`' w and b, backward run: dw = c, db = d.
+/// Returns the loss, c and d.
+fn linear_loss(dev: &Device, p: &Parameters) -> Result<(Tensor, Vec<f32>, [f32; 4])> {
+    let w = p.get("w").expect("w").clone();
+    let b = p.get("b").expect("b").clone();
+    let c: Vec<f32> = (0..12).map(|i| 1.0 + i as f32).collect();
+    let d = [0.25f32, -0.5, 0.75, -1.0];
+    let ct = Tensor::from_slice(dev, &c, &[3, 4])?;
+    let dt = Tensor::from_slice(dev, &d, &[4])?;
+    let loss = w.mul(&ct)?.sum_all()?.add(&b.mul(&dt)?.sum_all()?)?;
+    loss.backward()?;
+    Ok((loss, c, d))
+}
+
 #[test]
 fn gradients_and_loss_are_averaged_over_the_ranks() -> Result<()> {
     let dev = Device::new()?;
@@ -85,13 +99,7 @@ fn gradients_and_loss_are_averaged_over_the_ranks() -> Result<()> {
     let b = p.get("b").expect("b").clone();
     w.copy_from_slice(&(0..12).map(|i| i as f32 * 0.5).collect::<Vec<_>>())?;
     b.copy_from_slice(&[1.0, 2.0, 3.0, 4.0])?;
-    // loss = sum(w * c) + sum(b * d): dw = c, db = d.
-    let c: Vec<f32> = (0..12).map(|i| 1.0 + i as f32).collect();
-    let d = [0.25f32, -0.5, 0.75, -1.0];
-    let ct = Tensor::from_slice(&dev, &c, &[3, 4])?;
-    let dt = Tensor::from_slice(&dev, &d, &[4])?;
-    let loss = w.mul(&ct)?.sum_all()?.add(&b.mul(&dt)?.sum_all()?)?;
-    loss.backward()?;
+    let (loss, c, _) = linear_loss(&dev, &p)?;
     let local_loss = loss.detach().to_vec()?[0];
 
     // The other rank's flat staging: chunk gradients in chunk order, then its loss.
@@ -223,14 +231,7 @@ fn gradients_moved_into_an_external_buffer_are_written_there() -> Result<()> {
     let e = p.move_grad(0, short).expect_err("too short");
     assert!(e.to_string().contains("chunk 0"), "{e}");
 
-    let w = p.get("w").expect("w").clone();
-    let b = p.get("b").expect("b").clone();
-    let c: Vec<f32> = (0..12).map(|i| 1.0 + i as f32).collect();
-    let d = [0.25f32, -0.5, 0.75, -1.0];
-    let ct = Tensor::from_slice(&dev, &c, &[3, 4])?;
-    let dt = Tensor::from_slice(&dev, &d, &[4])?;
-    let loss = w.mul(&ct)?.sum_all()?.add(&b.mul(&dt)?.sum_all()?)?;
-    loss.backward()?;
+    let (loss, c, d) = linear_loss(&dev, &p)?;
     dev.copy_storage_at((loss.storage(), 0), (bucket.storage(), numel as u64 * 4), 4)?;
     let all = bucket.to_vec()?;
     assert_eq!(p.read_grad("w")?.expect("w's gradient"), c);
