@@ -5,7 +5,7 @@
 
 use std::rc::Rc;
 
-use crate::dist::{Collective, Reduction};
+use crate::dist::{broadcast_weights, Collective, Reduction};
 use crate::error::{Error, Result};
 use crate::graph::{Phase, Tensor};
 use crate::memory::Reuse;
@@ -30,8 +30,9 @@ pub struct Trainer {
     pub step: usize,
     /// Dispatches of a step's first submit (`FIRST_SUBMIT_DISPATCHES`).
     first_submit: usize,
-    /// Data parallel: the ranks whose gradients (and losses) each step averages (`dist`).
-    collective: Option<(Rc<dyn Collective>, Box<dyn Reduction>)>,
+    /// Data parallel: how each step's gradients (and loss) are averaged over the ranks
+    /// (`dist`).
+    reduction: Option<Box<dyn Reduction>>,
 }
 
 impl Trainer {
@@ -64,31 +65,29 @@ impl Trainer {
             lr,
             step: 0,
             first_submit,
-            collective: None,
+            reduction: None,
         })
     }
 
-    /// Averages each step's gradients and loss over the ranks of `collective` by `reduction`
-    /// before the update (data parallel: every rank steps with the same gradient). The
-    /// reduction first places the gradients where it reads them (`Reduction::attach`).
-    pub fn set_collective(
-        &mut self,
-        collective: Rc<dyn Collective>,
-        mut reduction: Box<dyn Reduction>,
-    ) -> Result<()> {
+    /// Makes this trainer one rank of a data-parallel run: rank 0's weights are broadcast to
+    /// every rank, the reduction places the gradients where it reads them
+    /// (`Reduction::attach`), and each step's gradients and loss are averaged over the ranks
+    /// by it before the update, so every rank steps with the same gradient.
+    pub fn set_reduction(&mut self, mut reduction: Box<dyn Reduction>) -> Result<()> {
+        broadcast_weights(reduction.collective().as_ref(), &self.model.params)?;
         reduction.attach(&mut self.model.params)?;
-        self.collective = Some((collective, reduction));
+        self.reduction = Some(reduction);
         Ok(())
     }
 
     /// How this trainer averages gradients over the ranks, if it does.
     pub fn reduction(&self) -> Option<&dyn Reduction> {
-        self.collective.as_ref().map(|(_, r)| r.as_ref())
+        self.reduction.as_deref()
     }
 
     /// The ranks this trainer averages over, if any.
     pub fn collective(&self) -> Option<&Rc<dyn Collective>> {
-        self.collective.as_ref().map(|(c, _)| c)
+        self.reduction.as_ref().map(|r| r.collective())
     }
 
     /// One optimizer step over `micro_batches` of (inputs, targets), each (B, T) u32: their
@@ -99,7 +98,7 @@ impl Trainer {
     /// micro-batch's forward before its backward is recorded (a queue.submit each, one more
     /// for the rest: 3 a step for one micro-batch), where their pipelines have compiled (a
     /// cold step skips those of its early submits that would wait for a compile). With a
-    /// collective (`set_collective`), the gradients and the loss are the ranks' means before the
+    /// reduction (`set_reduction`), the gradients and the loss are the ranks' means before the
     /// update (`dist::Reduction`).
     pub fn step(&mut self, micro_batches: &[(Tensor, Tensor)]) -> Result<Tensor> {
         if micro_batches.is_empty() {
@@ -143,8 +142,8 @@ impl Trainer {
             }
         };
         // Data parallel: every rank's gradients and loss become the ranks' means here.
-        let reduced = match &mut self.collective {
-            Some((_, reduction)) => {
+        let reduced = match &mut self.reduction {
+            Some(reduction) => {
                 // A span inside, once this rank's backward has finished ("gradient
                 // reduction").
                 let local = mean(total.clone())?;
@@ -157,11 +156,11 @@ impl Trainer {
             let lr = self.schedule.lr_at(self.step, self.lr);
             self.opt.step(&self.model.params, lr)
         };
-        let finished = match &mut self.collective {
+        let finished = match &mut self.reduction {
             // The update was recorded while the ranks' allreduce ran; it is submitted now
             // (and the allreduce waited for even when recording the update failed, so that
             // the device is not left holding its submits).
-            Some((_, reduction)) => reduction.finish(),
+            Some(reduction) => reduction.finish(),
             None => Ok(()),
         };
         dev.set_phase(Phase::Forward);

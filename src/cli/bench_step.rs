@@ -6,13 +6,14 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use serde::Serialize;
+use wgrad::dist::Reduction;
 use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::train::Trainer;
 use wgrad::tune;
 use wgrad::{Device, Error, Result};
 
-use super::dist::{with_ranks, Joined, ReduceArg};
+use super::dist::{with_ranks, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -156,7 +157,7 @@ fn median_of(v: &[f64]) -> f64 {
     sorted.get(sorted.len() / 2).copied().unwrap_or(0.0)
 }
 
-fn bench(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {
+fn bench(args: &Args, dev: &Device, reduction: Option<Box<dyn Reduction>>) -> Result<()> {
     let dev = dev.clone();
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
@@ -177,16 +178,18 @@ fn bench(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {
     };
     let mut trainer = Trainer::new(model, adamw, 1e-4, LrSchedule::Constant { warmup: 0 })?;
     let (mut rank, mut world_size) = (0, 1);
-    if let Some((collective, reduction)) = world {
+    if let Some(reduction) = reduction {
         if args.tune {
             return Err(Error::InvalidArgument {
                 op: "--tune",
                 reason: "tile searches run on one process: tune without mpirun first".into(),
             });
         }
-        (rank, world_size) = (collective.rank(), collective.world_size());
-        wgrad::dist::broadcast_weights(collective.as_ref(), &trainer.model.params)?;
-        trainer.set_collective(collective, reduction)?;
+        (rank, world_size) = (
+            reduction.collective().rank(),
+            reduction.collective().world_size(),
+        );
+        trainer.set_reduction(reduction)?;
     }
     // Each rank its own tokens.
     let seed = 1 + rank as u64;

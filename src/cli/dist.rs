@@ -28,25 +28,22 @@ impl From<ReduceArg> for ReduceChoice {
     }
 }
 
-/// A rank's world and how it averages gradients.
-pub type Joined = (Rc<dyn Collective>, Box<dyn Reduction>);
-
 /// Runs `f` on a device with the environment's options, as one rank of the ranks an MPI
 /// launcher started (with the reduction `reduce` asks for) or alone. Under several ranks an
 /// error on this one, `f`'s or the device's or the reduction's, ends them all with its message.
 pub fn with_ranks<T>(
     reduce: ReduceArg,
-    f: impl FnOnce(&Device, Option<Joined>) -> Result<T>,
+    f: impl FnOnce(&Device, Option<Box<dyn Reduction>>) -> Result<T>,
 ) -> Result<T> {
     let options = Options::from_env()?;
     let world = wgrad::dist::launch(&options)?;
     let result = (|| {
         let dev = Device::with_options(&options)?;
-        let joined = match &world {
-            Some(w) => Some((w.clone(), wgrad::dist::reduction(reduce.into(), w, &dev)?)),
+        let reduction = match &world {
+            Some(w) => Some(wgrad::dist::reduction(reduce.into(), w, &dev)?),
             None => None,
         };
-        f(&dev, joined)
+        f(&dev, reduction)
     })();
     abort_others_on_error(world.as_ref(), result)
 }

@@ -5,13 +5,14 @@
 
 use std::path::PathBuf;
 
+use wgrad::dist::Reduction;
 use wgrad::memory::{check_fits, Workload};
 use wgrad::optim::{AdamWConfig, LrSchedule};
 use wgrad::profile::{chrome_trace, Profiler};
 use wgrad::train::Trainer;
 use wgrad::{Device, Error, Result};
 
-use super::dist::{with_ranks, Joined, ReduceArg};
+use super::dist::{with_ranks, ReduceArg};
 use super::setup;
 
 #[derive(clap::Args)]
@@ -62,7 +63,7 @@ pub fn run(args: &Args) -> Result<()> {
     with_ranks(args.reduce, |dev, world| profile(args, dev, world))
 }
 
-fn profile(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {
+fn profile(args: &Args, dev: &Device, reduction: Option<Box<dyn Reduction>>) -> Result<()> {
     let dev = dev.clone();
     let config = setup::config(Some(&args.preset), args.model.as_deref())?;
     setup::check_run(&config, args.batch, args.seq, args.steps, args.warmup)?;
@@ -75,19 +76,10 @@ fn profile(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {
         ..Default::default()
     };
     let mut trainer = Trainer::new(model, adamw, 1e-4, LrSchedule::Constant { warmup: 0 })?;
-    let (rank, ranks) = match world {
-        Some((collective, reduction)) => {
-            let ranks = (
-                collective.rank(),
-                collective.world_size(),
-                reduction.describe(),
-            );
-            wgrad::dist::broadcast_weights(collective.as_ref(), &trainer.model.params)?;
-            trainer.set_collective(collective, reduction)?;
-            (ranks.0, Some((ranks.1, ranks.2)))
-        }
-        None => (0, None),
-    };
+    if let Some(reduction) = reduction {
+        trainer.set_reduction(reduction)?;
+    }
+    let rank = trainer.collective().map_or(0, |c| c.rank());
     // Each rank its own tokens.
     let seed = 1 + rank as u64;
     let batch = setup::random_batch(&dev, config.vocab_size, args.batch, args.seq, seed)?;
@@ -105,10 +97,13 @@ fn profile(args: &Args, dev: &Device, world: Option<Joined>) -> Result<()> {
     if rank > 0 {
         return Ok(());
     }
-    if let Some((n, how)) = &ranks {
+    if let Some(reduction) = trainer.reduction() {
         println!(
-            "{n} ranks, each {} x {} tokens; gradients averaged by {how}",
-            args.batch, args.seq
+            "{} ranks, each {} x {} tokens; gradients averaged by {}",
+            reduction.collective().world_size(),
+            args.batch,
+            args.seq,
+            reduction.describe()
         );
     }
     println!(

@@ -164,8 +164,7 @@ fn train(args: &Args, options: &Options, world: Option<Rc<dyn Collective>>) -> R
     };
     wait_for_rank_0(lead)?;
     if let Some(world) = world {
-        let reduction = wgrad::dist::reduction(args.reduce.into(), &world, &dev)?;
-        session.join(world, reduction)?;
+        session.join(wgrad::dist::reduction(args.reduce.into(), &world, &dev)?)?;
     }
     let interrupt = Interrupt::new();
     let control = RunControl {

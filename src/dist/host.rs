@@ -5,8 +5,8 @@
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use super::{Collective, Reduction};
-use crate::error::{Error, Result};
+use super::{check_loss, Collective, Reduction};
+use crate::error::Result;
 use crate::graph::Tensor;
 use crate::nn::Parameters;
 
@@ -30,12 +30,17 @@ impl HostReduction {
 }
 
 impl Reduction for HostReduction {
+    fn collective(&self) -> &Rc<dyn Collective> {
+        &self.collective
+    }
+
     fn describe(&self) -> String {
         "MPI allreduce of the gradients staged through the host, f32".into()
     }
 
     fn average(&mut self, params: &Parameters, loss: &Tensor) -> Result<Tensor> {
         let c = self.collective.as_ref();
+        check_loss(loss)?;
         // Gradients no backward wrote hold stale values until the optimizer zeroes them; zero
         // them now so none travels (every rank leaves the same ones unwritten, so the sum is
         // zero there and the optimizer's own zeroing changes nothing).
@@ -47,14 +52,7 @@ impl Reduction for HostReduction {
         for chunk in &params.chunks {
             self.staging.extend(chunk.grad.to_vec()?);
         }
-        let loss_host = loss.to_vec()?;
-        if loss_host.len() != 1 {
-            return Err(Error::InvalidArgument {
-                op: "Reduction::average",
-                reason: format!("the loss has {} elements, not 1", loss_host.len()),
-            });
-        }
-        self.staging.push(loss_host[0]);
+        self.staging.push(loss.item()?);
         c.allreduce_sum(&mut self.staging)?;
         // The sum over ranks divided by their count: the gradient of the mean loss over the
         // global batch (every shard is the same number of sequences).

@@ -138,6 +138,8 @@ mod tests;
 /// How a step's gradients become the ranks' mean (`host::HostReduction` or, on NVIDIA GPUs,
 /// `nccl::NcclReduction`).
 pub trait Reduction {
+    /// The ranks it averages over.
+    fn collective(&self) -> &Rc<dyn Collective>;
     /// What the run's header says of it: the library and where the gradients travel.
     fn describe(&self) -> String;
     /// Places the gradients where this reduction reads them (NCCL: in exported buffers),
@@ -159,6 +161,21 @@ pub trait Reduction {
     /// How long the last reduction took once this rank's backward had finished: the staging
     /// (host) or the allreduce (NCCL), each waiting for the slowest rank.
     fn last_time(&self) -> Duration;
+}
+
+/// An error unless `loss` is one f32, as `Reduction::average` takes it.
+fn check_loss(loss: &Tensor) -> Result<()> {
+    if loss.dtype() != crate::graph::DType::F32 || loss.numel() != 1 {
+        return Err(Error::InvalidArgument {
+            op: "Reduction::average",
+            reason: format!(
+                "the loss is {:?} of {} elements, not one f32",
+                loss.dtype(),
+                loss.numel()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// Which reduction a run asks for (`--reduce`).

@@ -27,8 +27,8 @@ use cudarc::driver::sys as cu;
 use cudarc::nccl::sys as nc;
 
 use super::vulkan_export;
-use super::{error, Collective, Reduction};
-use crate::error::{Error, Result};
+use super::{check_loss, error, Collective, Reduction};
+use crate::error::Result;
 use crate::graph::{DType, Device, Layout, Tensor};
 use crate::nn::Parameters;
 
@@ -148,12 +148,10 @@ pub struct NcclReduction {
 
 impl NcclReduction {
     /// NCCL's communicator over `collective`'s ranks (rank 0's identifier broadcast through
-    /// it), on the CUDA device that is `device`'s GPU.
+    /// it), on the CUDA device that is `device`'s GPU; the ranks have agreed that NCCL can run
+    /// (`agreed_unavailable`).
     pub fn new(collective: Rc<dyn Collective>, device: &Device) -> Result<Self> {
         let c = collective.as_ref();
-        if let Some(why) = unavailable(device) {
-            return Err(error(c, format!("--reduce nccl: {why}")));
-        }
         let uuid = vulkan_export::device_uuid(device)
             .ok_or_else(|| error(c, "--reduce nccl: the adapter is not a Vulkan one"))?;
         let (context, cu_device, stream) = cuda_context(&uuid).map_err(|e| error(c, e))?;
@@ -344,6 +342,10 @@ unsafe fn release(bucket: Bucket) {
 }
 
 impl Reduction for NcclReduction {
+    fn collective(&self) -> &Rc<dyn Collective> {
+        &self.collective
+    }
+
     fn describe(&self) -> String {
         "NCCL allreduce of the f32 gradients in device memory (Vulkan buffers CUDA maps)".into()
     }
@@ -364,16 +366,7 @@ impl Reduction for NcclReduction {
     fn average(&mut self, params: &Parameters, loss: &Tensor) -> Result<Tensor> {
         let dev = params.device().clone();
         let c = self.collective.as_ref();
-        if loss.dtype() != DType::F32 || loss.numel() != 1 {
-            return Err(Error::InvalidArgument {
-                op: "Reduction::average",
-                reason: format!(
-                    "the loss is {:?} of {} elements, not one f32",
-                    loss.dtype(),
-                    loss.numel()
-                ),
-            });
-        }
+        check_loss(loss)?;
         if self.buckets.len() != params.chunks.len() {
             return Err(error(
                 c,
@@ -386,7 +379,8 @@ impl Reduction for NcclReduction {
         let first = self.buckets[0].tensor.storage();
         let loss_at = loss.layout().offset as u64 * 4;
         dev.copy_storage_at((loss.storage(), loss_at), (first, loss_slot), 4)?;
-        let mean_loss = Tensor::zeros(&dev, &[])?;
+        // Written by the copy back, whole: no fill.
+        let mean_loss = Tensor::uninit(&dev, &[], DType::F32, "Reduction::average")?;
         // The backward and the copy done: CUDA may read the buckets.
         dev.sync()?;
         let _span = tracing::info_span!("gradient reduction").entered();

@@ -1,25 +1,18 @@
 //! A session as one rank of a data-parallel run (`crate::dist`).
 
-use std::rc::Rc;
-
 use super::TrainSession;
-use crate::dist::{Collective, Reduction};
+use crate::dist::Reduction;
 use crate::error::Result;
 
 impl TrainSession {
-    /// Makes this session one rank of a data-parallel run over `collective`: rank 0's weights
-    /// are broadcast to every rank, each step draws the global batch of `world_size` times
-    /// `options.batch` sequences (the same stream as one process with that batch) and trains
-    /// on this rank's rows of it, and the gradients and losses are averaged over the ranks
-    /// by `reduction` (`Trainer::set_collective`). Rank 0 alone evaluates and saves (`run`). Every rank must
-    /// join with the same options.
-    pub fn join(
-        &mut self,
-        collective: Rc<dyn Collective>,
-        reduction: Box<dyn Reduction>,
-    ) -> Result<()> {
-        let world = collective.world_size();
-        crate::dist::broadcast_weights(collective.as_ref(), &self.trainer.model.params)?;
+    /// Makes this session one rank of a data-parallel run over `reduction`'s ranks: rank 0's
+    /// weights are broadcast to every rank, each step draws the global batch of `world_size`
+    /// times `options.batch` sequences (the same stream as one process with that batch) and
+    /// trains on this rank's rows of it, and the gradients and losses are averaged over the
+    /// ranks by `reduction` (`Trainer::set_reduction`). Rank 0 alone evaluates and saves
+    /// (`run`). Every rank must join with the same options.
+    pub fn join(&mut self, reduction: Box<dyn Reduction>) -> Result<()> {
+        let world = reduction.collective().world_size();
         let position = self.sampler.position();
         self.sampler = self.data.train_batches(
             self.options.batch * world,
@@ -27,7 +20,7 @@ impl TrainSession {
             self.options.seed,
         )?;
         self.sampler.set_position(position)?;
-        self.trainer.set_collective(collective, reduction)?;
+        self.trainer.set_reduction(reduction)?;
         Ok(())
     }
 
